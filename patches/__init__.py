@@ -1,0 +1,1 @@
+"""The manifest of upstream SGLang symbols that vToken hooks (data only; see README.md here)."""

@@ -1,0 +1,181 @@
+"""How vToken's options enter SGLang: CLI flags, ``sgl.Engine`` keyword arguments, and checks against SGLang's args.
+
+Flow (the only hooks that exist when vToken is off; they pass SGLang's own arguments through untouched):
+- ``ServerArgs.add_cli_args`` (after): adds ``--enable-vtoken`` and ``--vtoken-*`` to the parser (string-typed, so a
+  bad value is reported by us in one line instead of argparse's multi-page usage).
+- ``ServerArgs.from_cli_args`` (around): takes those values off the Namespace, validates them and the combination
+  with SGLang's flags, and exits with one ``error: ...`` line on a problem.
+- ``Engine.__init__`` (around): pops ``enable_vtoken`` / ``vtoken_*`` keyword arguments before ``ServerArgs(**kw)``.
+- ``Engine._launch_subprocesses`` (before): attaches the config to ``server_args._vtoken_config`` and exports it in
+  ``$VTOKEN_SGLANG_CONFIG`` so that every spawned process (scheduler, detokenizer) sees it at plugin load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, ConfigError, VTokenConfig, kwarg_display
+
+logger = logging.getLogger(__name__)
+
+VERIFIED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
+DEFAULT_PAGE_SIZE = 16
+CONFIG_ATTR = "_vtoken_config"  # bookkeeping attribute on ServerArgs (pickled into child processes)
+
+_pending_engine_config: VTokenConfig | None = None
+_pending_engine_error: ConfigError | None = None
+
+
+def cli_display(name: str) -> str:
+    return OPTION_BY_NAME[name].flag if name in OPTION_BY_NAME else "--" + name.replace("_", "-")
+
+
+def exit_with_error(err: Exception) -> None:
+    """The CLI's answer to bad input: one line on stderr, exit status 2, no traceback."""
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def add_cli_args(result: None, parser: argparse.ArgumentParser) -> None:
+    """AFTER ``ServerArgs.add_cli_args``: add vToken's flags to SGLang's parser."""
+    group = parser.add_argument_group("vToken (token-level KV reclaim)")
+    for opt in OPTIONS:
+        if opt.is_switch:
+            group.add_argument(opt.flag, dest=opt.name, action="store_true", default=False, help=opt.help)
+        else:
+            group.add_argument(opt.flag, dest=opt.name, type=str, default=None, metavar=opt.name.split("_")[-1].upper(), help=opt.help)
+
+
+def from_cli_args(original, cls, args: argparse.Namespace, *rest, **kwargs):
+    """AROUND ``ServerArgs.from_cli_args``: build the ServerArgs, then validate and attach vToken's config."""
+    raw = {opt.name: getattr(args, opt.name) for opt in OPTIONS if getattr(args, opt.name, None) is not None}
+    try:
+        cfg = config_from_user(raw, cli_display)
+    except ConfigError as err:
+        exit_with_error(err)
+    server_args = original(cls, args, *rest, **kwargs)
+    try:
+        attach(server_args, cfg, cli_display)
+    except ConfigError as err:
+        exit_with_error(err)
+    return server_args
+
+
+def config_from_user(raw: dict[str, Any], display) -> VTokenConfig:
+    """Validate user values; options other than ``enable_vtoken`` are an error while vToken is off."""
+    if not raw.get("enable_vtoken", False):
+        given = [name for name in raw if name != "enable_vtoken"]
+        if given:
+            raise ConfigError(f"{display(given[0])} has no effect without {display('enable_vtoken')}")
+    return VTokenConfig.build(raw, display)
+
+
+# --------------------------------------------------------------------------------------------- sgl.Engine
+
+
+def pop_engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Remove vToken's keyword arguments from an ``Engine(**kwargs)`` dict (in place) and return them."""
+    return {name: kwargs.pop(name) for name in list(kwargs) if name in OPTION_BY_NAME}
+
+
+def stage_engine_config(raw: dict[str, Any], defer_errors: bool = False) -> None:
+    """Validate ``sgl.Engine`` keyword arguments (a ``ConfigError``, a ValueError, names the keyword) and keep them
+    for launch. ``defer_errors``: keep the error and raise it from the launch hook instead (used while SGLang's
+    ``load_plugins`` is on the stack, which would log and swallow it)."""
+    global _pending_engine_config, _pending_engine_error
+    try:
+        _pending_engine_config = config_from_user(raw, kwarg_display)
+    except ConfigError as err:
+        if not defer_errors:
+            raise
+        _pending_engine_error = err
+
+
+def engine_init(original, self, *args, **kwargs):
+    """AROUND ``Engine.__init__``: vToken keywords never reach ``ServerArgs(**kwargs)``."""
+    stage_engine_config(pop_engine_kwargs(kwargs))
+    return original(self, *args, **kwargs)
+
+
+def launch_subprocesses(cls, *args, **kwargs):
+    """BEFORE ``Engine._launch_subprocesses``: the last moment before children spawn (and, for ``sgl.Engine``,
+    before ``resolve_once`` seals the record): attach and export the config."""
+    global _pending_engine_config, _pending_engine_error
+    server_args = kwargs["server_args"] if "server_args" in kwargs else args[0]
+    pending, _pending_engine_config = _pending_engine_config, None
+    error, _pending_engine_error = _pending_engine_error, None
+    if error is not None:
+        raise error
+    if pending is not None:
+        attach(server_args, pending, kwarg_display)
+    else:
+        export(current_config(server_args))
+    return None
+
+
+# --------------------------------------------------------------------------------------------- shared
+
+
+def current_config(server_args: Any) -> VTokenConfig:
+    text = getattr(server_args, CONFIG_ATTR, None)
+    return VTokenConfig.from_json(text) if text else VTokenConfig()
+
+
+def attach(server_args: Any, cfg: VTokenConfig, display) -> None:
+    """Check the combination with SGLang's own args, fill vToken's defaults, store and export the config."""
+    if cfg.enabled:
+        check_sglang_args(server_args, cfg, display)
+    setattr(server_args, CONFIG_ATTR, cfg.to_json())
+    export(cfg)
+
+
+def export(cfg: VTokenConfig) -> None:
+    if cfg.enabled:
+        os.environ[ENV_VAR] = cfg.to_json()
+    else:
+        os.environ.pop(ENV_VAR, None)
+
+
+def _sglang_display(display, name: str) -> str:
+    return f"{name}=" if display is kwarg_display else "--" + name.replace("_", "-")
+
+
+def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
+    """Reject what vToken does not support yet, naming the SGLang flag; default ``page_size`` to 16.
+
+    Runs on the unresolved record (CLI: inside ``from_cli_args``; Engine: before ``resolve_once``)."""
+    flag = lambda name: _sglang_display(display, name)  # noqa: E731
+    page_size = server_args.page_size
+    if page_size is None:
+        server_args.page_size = DEFAULT_PAGE_SIZE
+    elif page_size < 2:
+        raise ConfigError(
+            f"{flag('page_size')} {page_size}: vToken needs pages of at least 2 tokens (with one-token pages every "
+            f"dead token is freed directly and there is nothing to reclaim); default with {display('enable_vtoken')} is {DEFAULT_PAGE_SIZE}"
+        )
+    if server_args.speculative_algorithm:
+        raise ConfigError(f"{flag('speculative_algorithm')} {server_args.speculative_algorithm}: speculative decoding is not supported with vToken")
+    if server_args.enable_hierarchical_cache:
+        raise ConfigError(f"{flag('enable_hierarchical_cache')}: HiCache is not supported with vToken")
+    if server_args.enable_unified_memory:
+        raise ConfigError(f"{flag('enable_unified_memory')}: unified memory is not supported with vToken")
+    if server_args.disaggregation_mode not in (None, "null"):
+        raise ConfigError(f"{flag('disaggregation_mode')} {server_args.disaggregation_mode}: PD disaggregation is not supported with vToken")
+    for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+        backend = getattr(server_args, name)
+        if backend is not None and backend not in VERIFIED_ATTENTION_BACKENDS:
+            raise ConfigError(
+                f"{flag(name)} {backend}: not verified with vToken; use one of {', '.join(VERIFIED_ATTENTION_BACKENDS)}"
+            )
+    if server_args.attention_backend is None:
+        on_cpu = server_args.device == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+        server_args.attention_backend = "torch_native" if on_cpu else "flashinfer"
+    if cfg.vtoken_planner == "worker":
+        raise ConfigError(f"{display('vtoken_planner')} worker: the compaction worker is not available in this version; use inline")

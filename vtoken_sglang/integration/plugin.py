@@ -1,0 +1,113 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``): ``register()`` runs in every SGLang process.
+
+What it hooks, and when (every target is listed, with a fingerprint, in ``patches/manifest.json``):
+- In the process the user started (launcher, or the program calling ``sgl.Engine``): the option hooks of
+  ``options.py``. They are what makes ``--enable-vtoken`` exist; they pass SGLang's own arguments through.
+- In spawned SGLang processes: nothing, unless ``$VTOKEN_SGLANG_CONFIG`` (exported by the launcher) enables vToken;
+  then the serving hooks. With ``--enable-vtoken`` absent no serving hook is registered: upstream behaviour.
+Before registering, the fingerprints of the targets are checked; a drifted upstream symbol disables vToken and,
+if vToken was asked for, stops the process with one line naming the symbol.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable
+
+from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, ConfigError, VTokenConfig
+from vtoken_sglang.integration import manifest, options
+
+logger = logging.getLogger("vtoken_sglang")
+
+# target -> (hook type name, hook function), per role. Keep in sync with patches/manifest.json (a test checks it).
+OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
+    "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", options.add_cli_args),
+    "sglang.srt.server_args.ServerArgs.from_cli_args": ("AROUND", options.from_cli_args),
+    "sglang.srt.entrypoints.engine.Engine.__init__": ("AROUND", options.engine_init),
+    "sglang.srt.entrypoints.engine.Engine._launch_subprocesses": ("BEFORE", options.launch_subprocesses),
+}
+
+
+def _log_scheduler_config(result, scheduler, *args, **kwargs) -> None:
+    """AFTER ``Scheduler.__init__``: say in the scheduler's log which vToken configuration it runs with."""
+    cfg = options.current_config(scheduler.server_args)
+    logger.info("[vtoken] scheduler tp_rank=%s: %s", getattr(scheduler, "tp_rank", "?"), cfg.summary())
+
+
+SERVING_HOOKS: dict[str, tuple[str, Callable]] = {
+    "sglang.srt.managers.scheduler.Scheduler.__init__": ("AFTER", _log_scheduler_config),
+}
+
+
+def _is_user_process() -> bool:
+    return multiprocessing.parent_process() is None
+
+
+def _env_config() -> VTokenConfig:
+    text = os.environ.get(ENV_VAR)
+    if not text:
+        return VTokenConfig()
+    try:
+        return VTokenConfig.from_json(text)
+    except (ConfigError, ValueError) as err:
+        raise SystemExit(f"error: ${ENV_VAR} is not a valid vToken configuration: {err}") from None
+
+
+def _vtoken_requested() -> bool:
+    """Whether this process was asked to run vToken (used only to decide how loudly to fail on drift)."""
+    if _env_config().enabled:
+        return True
+    return any(arg == OPTION_BY_NAME["enable_vtoken"].flag for arg in sys.argv) or _inflight_engine_kwargs().get("enable_vtoken", False)
+
+
+def _inflight_engine_kwargs() -> dict:
+    """The keyword dict of an ``Engine.__init__`` that is running right now without our hook.
+
+    ``sgl.Engine.__init__`` calls ``load_plugins()`` itself, so the first Engine of a process starts before any
+    hook exists; its ``kwargs`` dict is the one it is about to pass to ``ServerArgs(**kwargs)``. Returns ``{}``
+    when no such frame is on the stack."""
+    engine_mod = sys.modules.get("sglang.srt.entrypoints.engine")
+    if engine_mod is None:
+        return {}
+    code = getattr(getattr(engine_mod.Engine.__init__, "__wrapped__", engine_mod.Engine.__init__), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+        frame = frame.f_back
+    return {}
+
+
+def _register(hooks: dict[str, tuple[str, Callable]]) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, (kind, fn) in hooks.items():
+        HookRegistry.register(target, fn, HookType[kind])
+
+
+def register() -> None:
+    """Plugin entry point. Idempotent per process (SGLang's ``load_plugins`` runs it once)."""
+    cfg = _env_config()
+    hooks: dict[str, tuple[str, Callable]] = {}
+    if _is_user_process():
+        hooks.update(OPTION_HOOKS)
+    if cfg.enabled:
+        hooks.update(SERVING_HOOKS)
+    if not hooks:
+        return
+    try:
+        manifest.check(set(hooks))
+    except manifest.PatchDriftError as err:
+        if _vtoken_requested():
+            raise SystemExit(f"error: {err}") from None
+        logger.warning("vToken disabled: %s", err)
+        return
+    _register(hooks)
+    if _is_user_process():
+        inflight = _inflight_engine_kwargs()
+        if inflight:
+            options.stage_engine_config(options.pop_engine_kwargs(inflight), defer_errors=True)
