@@ -184,5 +184,5 @@ class VTokenConfig:
 
 
 def kwarg_display(name: str) -> str:
-    """How ``sgl.Engine`` keyword arguments are named in errors."""
-    return f"{name}="
+    """How ``sgl.Engine`` keyword arguments are named in errors: by their keyword."""
+    return name

@@ -14,6 +14,7 @@ import importlib
 import importlib.resources
 import inspect
 import json
+import os
 import pkgutil
 import sys
 import textwrap
@@ -59,7 +60,12 @@ def source_of(symbol: str, resolver: Callable[[str], Any] = resolve) -> str:
     return inspect.getsource(obj)
 
 
+ENV_OVERRIDE = "VTOKEN_SGLANG_MANIFEST"  # another manifest file (tests of the drift check; porting to a new sglang)
+
+
 def manifest_path() -> Path:
+    if os.environ.get(ENV_OVERRIDE):
+        return Path(os.environ[ENV_OVERRIDE])
     return Path(str(importlib.resources.files(MANIFEST_PACKAGE) / MANIFEST_NAME))
 
 

@@ -144,7 +144,7 @@ def export(cfg: VTokenConfig) -> None:
 
 
 def _sglang_display(display, name: str) -> str:
-    return f"{name}=" if display is kwarg_display else "--" + name.replace("_", "-")
+    return name if display is kwarg_display else "--" + name.replace("_", "-")
 
 
 def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:

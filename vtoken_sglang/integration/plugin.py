@@ -33,8 +33,10 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
 
 def _log_scheduler_config(result, scheduler, *args, **kwargs) -> None:
     """AFTER ``Scheduler.__init__``: say in the scheduler's log which vToken configuration it runs with."""
+    from sglang.srt.runtime_context import get_parallel
+
     cfg = options.current_config(scheduler.server_args)
-    logger.info("[vtoken] scheduler tp_rank=%s: %s", getattr(scheduler, "tp_rank", "?"), cfg.summary())
+    logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
 
 
 SERVING_HOOKS: dict[str, tuple[str, Callable]] = {

@@ -1,0 +1,41 @@
+"""Shared fixtures. Servers are real SGLang processes on CPU with the project's tiny model (module-scoped:
+one per configuration); nothing is downloaded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    from vtoken_sglang.tiny_model import build
+
+    return str(build())
+
+
+def run_all(commands: list[list[str]], timeout: float = 300, env: dict | None = None) -> list[subprocess.CompletedProcess]:
+    """Run several commands at once (each SGLang import costs ~10 s of CPU) and return their results in order."""
+    from vtoken_sglang.serving import cpu_env
+
+    full_env = cpu_env(env)
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO) for c in commands]
+    results = []
+    for cmd, p in zip(commands, procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        results.append(subprocess.CompletedProcess(cmd, p.returncode, out, err))
+    return results
+
+
+PY = sys.executable

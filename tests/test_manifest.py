@@ -1,0 +1,74 @@
+"""patches/manifest.json lists every hook the plugin registers, its fingerprints match the installed sglang, and
+a changed upstream symbol is caught, by the check and by a real launcher."""
+
+import importlib.util
+import inspect
+import json
+import sys
+
+import pytest
+
+from conftest import PY, run_all
+from vtoken_sglang.integration import manifest, plugin
+
+
+def test_manifest_lists_exactly_the_registered_hooks():
+    hooks = {**plugin.OPTION_HOOKS, **plugin.SERVING_HOOKS}
+    listed = {e.target: e.hook for e in manifest.entries()}
+    assert listed == {target: kind.lower() for target, (kind, _fn) in hooks.items()}
+    for e in manifest.entries():
+        assert e.target in e.fingerprints, f"{e.target} must fingerprint its own source"
+
+
+def test_fingerprints_match_installed_sglang():
+    assert manifest.drifted(manifest.entries()) == []
+    manifest.check()
+
+
+def test_changed_upstream_symbol_is_caught(tmp_path):
+    """Fingerprint a modified copy of sglang/srt/server_args.py: the check names the changed symbol only."""
+    import sglang.srt.server_args as upstream
+
+    source = inspect.getsource(upstream)
+    anchor = "        attrs = [attr.name for attr in record_fields(cls) if hasattr(args, attr.name)]\n"
+    assert anchor in source
+    path = tmp_path / "server_args_modified.py"
+    path.write_text(source.replace(anchor, anchor + "        attrs = sorted(attrs)\n"))
+    spec = importlib.util.spec_from_file_location("vtoken_test_server_args_modified", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+    def resolver(symbol: str):
+        prefix = "sglang.srt.server_args."
+        if symbol.startswith(prefix):
+            obj = module
+            for part in symbol[len(prefix):].split("."):
+                obj = getattr(obj, part) if not isinstance(obj, type) else obj.__dict__.get(part, getattr(obj, part))
+            return obj
+        return manifest.resolve(symbol)
+
+    problems = manifest.drifted(manifest.entries(), resolver)
+    assert len(problems) == 1 and problems[0].startswith("sglang.srt.server_args.ServerArgs.from_cli_args ")
+    with pytest.raises(manifest.PatchDriftError, match=r"ServerArgs\.from_cli_args .*changed upstream"):
+        manifest.check(resolver=resolver)
+
+
+def test_launcher_refuses_to_run_vtoken_on_drift(tmp_path, tiny_model):
+    data = manifest.load()
+    target = "sglang.srt.server_args.ServerArgs.add_cli_args"
+    for e in data["patches"]:
+        if e["target"] == target:
+            e["fingerprints"][target] = "0" * 64
+    tampered = tmp_path / "manifest.json"
+    tampered.write_text(json.dumps(data))
+    env = {manifest.ENV_OVERRIDE: str(tampered)}
+    with_vtoken, without = run_all([
+        [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken"],
+        [PY, "-m", "sglang.launch_server", "--help"],
+    ], env=env)
+    assert with_vtoken.returncode != 0
+    last = with_vtoken.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: vToken was built against sglang 0.5.23: " + target) and "changed upstream" in last
+    assert "Traceback" not in with_vtoken.stderr
+    assert without.returncode == 0 and "--enable-vtoken" not in without.stdout  # vToken off, upstream untouched

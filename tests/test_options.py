@@ -1,0 +1,96 @@
+"""vToken's flags inside SGLang's own argument flow: --help lists them, bad values and combinations exit at start
+with one line naming the flag (status 2, no traceback), sgl.Engine rejects bad keywords, SGLang's flags still work."""
+
+import sys
+
+import pytest
+
+from conftest import PY, run_all
+
+BAD_CLI = [
+    (["--vtoken-policy", "random"], "--vtoken-policy has no effect without --enable-vtoken"),
+    (["--enable-vtoken", "--vtoken-policy", "lru"], "--vtoken-policy: expected one of"),
+    (["--enable-vtoken", "--page-size", "1"], "--page-size 1: vToken needs pages of at least 2 tokens"),
+    (["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "40"], "--vtoken-budget 40 is smaller than --vtoken-sinks + --vtoken-recent"),
+    (["--enable-vtoken", "--vtoken-policy", "random"], "--vtoken-policy random needs a budget"),
+    (["--enable-vtoken", "--vtoken-budget-ratio", "0.5"], "--vtoken-budget-ratio needs an eviction policy"),
+    (["--enable-vtoken", "--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: speculative decoding is not supported"),
+    (["--enable-vtoken", "--enable-hierarchical-cache"], "--enable-hierarchical-cache: HiCache is not supported"),
+    (["--enable-vtoken", "--enable-unified-memory"], "--enable-unified-memory: unified memory is not supported"),
+    (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
+    (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
+    (["--enable-vtoken", "--vtoken-planner", "worker"], "--vtoken-planner worker: the compaction worker is not available"),
+]
+
+
+@pytest.fixture(scope="module")
+def plugins_loaded():
+    """Load SGLang's plugins in this process, exactly as the launcher does first thing."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+@pytest.mark.parametrize("argv, message", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
+def test_bad_cli_exits_with_one_line(plugins_loaded, capsys, tiny_model, argv, message):
+    from sglang.srt.server_args import prepare_server_args
+
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--model-path", tiny_model, *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_good_cli_attaches_config_and_defaults(plugins_loaded, tiny_model):
+    from sglang.srt.server_args import prepare_server_args
+
+    from vtoken_sglang.config import VTokenConfig
+
+    args = prepare_server_args(["--model-path", tiny_model, "--enable-vtoken", "--vtoken-policy", "streaming",
+                                "--vtoken-budget", "512", "--vtoken-reclaim", "off", "--max-total-tokens", "4096"])
+    cfg = VTokenConfig.from_json(args._vtoken_config)
+    assert cfg.enabled and cfg.vtoken_policy == "streaming" and cfg.vtoken_budget == 512 and not cfg.vtoken_reclaim
+    assert args.page_size == 16 and args.attention_backend == "torch_native" and args.max_total_tokens == 4096
+
+
+def test_without_vtoken_sglang_args_are_untouched(plugins_loaded, tiny_model):
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", tiny_model, "--page-size", "1", "--max-total-tokens", "4096"])
+    assert args.page_size == 1 and args.attention_backend is None
+    assert "enable_vtoken" not in {f for f in type(args).__struct_fields__}
+
+
+def test_engine_rejects_bad_keywords_before_starting(plugins_loaded, tiny_model):
+    import sglang as sgl
+
+    from vtoken_sglang.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^vtoken_policy random needs a budget"):
+        sgl.Engine(model_path=tiny_model, enable_vtoken=True, vtoken_policy="random")
+    with pytest.raises(ConfigError, match=r"^page_size 1: vToken needs pages"):
+        sgl.Engine(model_path=tiny_model, enable_vtoken=True, page_size=1)
+
+
+def test_real_launcher_help_and_bad_flags(tiny_model):
+    """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process."""
+    engine_script = (
+        "import sglang as sgl\n"
+        f"sgl.Engine(model_path={tiny_model!r}, enable_vtoken=True, vtoken_policy='tova', vtoken_budget=8)\n"
+    )
+    help_run, bad_run, engine_run = run_all([
+        [PY, "-m", "sglang.launch_server", "--help"],
+        [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken", "--page-size", "1"],
+        [PY, "-c", engine_script],
+    ])
+    assert help_run.returncode == 0
+    for flag in ("--enable-vtoken", "--vtoken-policy", "--vtoken-budget", "--vtoken-budget-ratio", "--vtoken-recent",
+                 "--vtoken-sinks", "--vtoken-reclaim", "--vtoken-theta", "--vtoken-planner", "--vtoken-seed",
+                 "--page-size", "--max-total-tokens"):
+        assert flag in help_run.stdout, flag
+    assert bad_run.returncode == 2
+    assert "Traceback" not in bad_run.stderr
+    assert bad_run.stderr.strip().splitlines()[-1].startswith("error: --page-size 1: vToken needs pages")
+    assert engine_run.returncode != 0
+    assert "vtoken_budget 8 is smaller than vtoken_sinks + vtoken_recent" in engine_run.stderr.strip().splitlines()[-1]

@@ -1,0 +1,96 @@
+"""End to end on real SGLang (CPU, tiny model): a --enable-vtoken server answers /generate, runs the frontend
+programs of python/ and a bench_serving load; a server without the flag has no vToken hook and the same outputs;
+the offline sgl.Engine generates with vToken keyword arguments."""
+
+import json
+
+import pytest
+
+from conftest import PY, REPO, run_all
+from vtoken_sglang.serving import SglangServer, default_server_args
+
+pytestmark = pytest.mark.server
+
+PROMPTS = ["The page table", "def evict(cache, budget):", "Memory is the scarce resource of serving. " * 12, "Hi"]
+
+
+@pytest.fixture(scope="module")
+def vtoken_server(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vtoken") / "server.log"
+    # No --page-size: vToken's default (16) applies.
+    with SglangServer(tiny_model, default_server_args(page_size=None) + ["--enable-vtoken"], log_path=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("plain") / "server.log"
+    with SglangServer(tiny_model, default_server_args(page_size=16), log_path=log) as server:
+        yield server
+
+
+def _ids(server, prompts, n=24):
+    out = server.generate(prompts, n, ignore_eos=True)
+    return [o["output_ids"] for o in out]
+
+
+def test_generate_single_and_batched(vtoken_server):
+    one = vtoken_server.generate("The page table maps", 16, ignore_eos=True)
+    assert len(one["output_ids"]) == 16 and one["meta_info"]["finish_reason"]["type"] == "length"
+    batched = _ids(vtoken_server, PROMPTS)
+    assert [len(x) for x in batched] == [24] * len(PROMPTS)
+    assert _ids(vtoken_server, PROMPTS) == batched  # greedy is deterministic
+    assert [_ids(vtoken_server, [p])[0] for p in PROMPTS] == batched  # one at a time == batched
+
+
+def test_server_runs_with_vtoken_config(vtoken_server):
+    info = vtoken_server.get("/get_server_info")
+    assert info["page_size"] == 16 and info["attention_backend"] == "torch_native"
+    assert "[vtoken] scheduler tp_rank=0: vToken on: policy=none" in vtoken_server.log_text()
+
+
+def test_bad_request_fails_alone(vtoken_server):
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError):
+        vtoken_server.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -3}})
+    assert len(_ids(vtoken_server, ["still serving"], 4)[0]) == 4
+
+
+def test_frontend_programs(vtoken_server):
+    fork_run, qa_run = run_all([
+        [PY, str(REPO / "python/multi_turn_fork.py"), "--url", vtoken_server.url, "--branches", "3"],
+        [PY, str(REPO / "python/long_doc_qa.py"), "--url", vtoken_server.url, "--questions", "5", "--doc-words", "600"],
+    ])
+    assert fork_run.returncode == 0, fork_run.stderr[-3000:]
+    chats = json.loads(fork_run.stdout)
+    assert len(chats) == 2 and all(len(c["details"]) == 3 and isinstance(c["summary"], str) for c in chats)
+    assert qa_run.returncode == 0, qa_run.stderr[-3000:]
+    answers = json.loads(qa_run.stdout)
+    assert len(answers) == 5 and all(isinstance(a["answer"], str) for a in answers)
+
+
+def test_bench_serving_completes(vtoken_server, tiny_model, tmp_path):
+    out = tmp_path / "bench.jsonl"
+    (run,) = run_all([[PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", vtoken_server.url,
+                       "--model", tiny_model, "--tokenizer", tiny_model, "--dataset-name", "random-ids",
+                       "--num-prompts", "24", "--random-input-len", "128", "--random-output-len", "32",
+                       "--random-range-ratio", "0.5", "--request-rate", "inf", "--seed", "1", "--disable-tqdm",
+                       "--output-file", str(out)]], timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text().strip().splitlines()[-1])
+    assert result["completed"] == 24 and result["output_throughput"] > 0
+
+
+def test_without_flag_no_vtoken_hook_and_same_outputs(plain_server, vtoken_server):
+    log = plain_server.log_text()
+    assert "[vtoken]" not in log and "plugin=vtoken" not in log.replace("Loaded plugin vtoken", "")
+    assert _ids(plain_server, PROMPTS) == _ids(vtoken_server, PROMPTS)
+
+
+def test_offline_engine_program():
+    (run,) = run_all([[PY, str(REPO / "python/offline_engine.py"), "--prompts", "4", "--max-new-tokens", "8"]])
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert json.loads(result["vtoken_config"])["enable_vtoken"] is True and result["page_size"] == 16
+    assert len(result["outputs"]) == 4 and all(1 <= len(o["output_ids"]) <= 8 for o in result["outputs"])

@@ -1,0 +1,157 @@
+"""Start and stop a real ``python -m sglang.launch_server`` process (tests, demo, benchmarks share this).
+
+``SglangServer`` is a context manager: it starts the server in its own process group with its log in a file,
+waits until ``/health`` answers 200 (failing early, with the log's tail, if the process dies), and on exit
+sends SIGTERM to the whole group, then SIGKILL after a grace period, so no SGLang process outlives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for SGLang on this machine: offline hub, CPU engine (also the venv's default on CPU set-ups)."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not _has_cuda():
+        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    env.update(extra or {})
+    return env
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def default_server_args(max_total_tokens: int = 16384, page_size: int | None = 16) -> list[str]:
+    """Flags for a small CPU server (torch_native attention, bounded KV pool, float32 for exact comparisons)."""
+    args = ["--max-total-tokens", str(max_total_tokens), "--dtype", "float32"]
+    if not _has_cuda():
+        args += ["--device", "cpu", "--attention-backend", "torch_native"]
+    if page_size is not None:
+        args += ["--page-size", str(page_size)]
+    return args
+
+
+@dataclasses.dataclass
+class SglangServer:
+    model_path: str
+    args: list[str] = dataclasses.field(default_factory=default_server_args)
+    port: int = dataclasses.field(default_factory=free_port)
+    log_path: Path | None = None
+    env: dict[str, str] | None = None
+    startup_timeout: float = 240.0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", "127.0.0.1",
+                "--port", str(self.port), *self.args]
+
+    def start(self) -> SglangServer:
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=cpu_env(self.env),
+                                     start_new_session=True)
+        log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up; log tail:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s; log tail:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, grace: float = 30.0) -> int | None:
+        """SIGTERM the process group, SIGKILL what is left after ``grace`` seconds. Returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)  # children that ignored SIGTERM
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+        return self.proc.returncode
+
+    def __enter__(self) -> SglangServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ small HTTP client
+
+    def post(self, path: str, payload: dict, timeout: float = 300.0) -> Any:
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def get(self, path: str, timeout: float = 60.0) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def generate(self, text: str | list[str], max_new_tokens: int = 32, **sampling: Any) -> Any:
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}
+        return self.post("/generate", {"text": text, "sampling_params": params})
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
