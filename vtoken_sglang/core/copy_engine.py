@@ -1,0 +1,124 @@
+"""K/V relocation: ``buf[dst] <- buf[src]`` for every K and V buffer of every layer.
+
+Contract (one interface, two implementations):
+- ``copy(src, dst)`` enqueues the copy after all work already issued on the caller's stream (the forward that
+  last wrote the sources) and returns a ``Ticket``. Sources and destinations are disjoint.
+- ``publish_after(ticket)``: work issued afterwards on the caller's stream (the row rewrite, then the next forward
+  that reads the new rows) runs only after the copy completed (I3). No host synchronization.
+- ``fence()``: a marker after the work issued so far on the caller's stream; ``Fence.done()`` tells, without
+  blocking, whether it has completed. Source pages are released only when the fence taken after the last
+  forward that could read them is done (the grace period).
+
+``CpuCopyEngine`` is synchronous (every fence is done at once). ``CudaCopyEngine`` copies on a dedicated stream
+ordered by CUDA events; its kernel is warmed up at construction.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import torch
+
+
+@dataclasses.dataclass
+class Ticket:
+    event: object | None  # torch.cuda.Event on CUDA, None on CPU
+    seconds: float  # host time spent issuing (CPU: doing) the copy
+
+
+class Fence(abc.ABC):
+    @abc.abstractmethod
+    def done(self) -> bool: ...
+
+
+class _DoneFence(Fence):
+    def done(self) -> bool:
+        return True
+
+
+class _CudaFence(Fence):
+    def __init__(self, event):
+        self.event = event
+
+    def done(self) -> bool:
+        return bool(self.event.query())
+
+
+class CopyEngine(abc.ABC):
+    def __init__(self, buffers: Sequence[torch.Tensor]):
+        """``buffers``: every K and V tensor, each indexed by slot along dim 0."""
+        assert buffers, "no KV buffers"
+        self.buffers = list(buffers)
+
+    @abc.abstractmethod
+    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket: ...
+
+    @abc.abstractmethod
+    def publish_after(self, ticket: Ticket) -> None: ...
+
+    @abc.abstractmethod
+    def fence(self) -> Fence: ...
+
+
+class CpuCopyEngine(CopyEngine):
+    """Synchronous copy on the calling thread."""
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket:
+        t0 = time.perf_counter()
+        src, dst = src.to(torch.int64), dst.to(torch.int64)
+        for buf in self.buffers:
+            buf.index_copy_(0, dst, buf.index_select(0, src))
+        return Ticket(None, time.perf_counter() - t0)
+
+    def publish_after(self, ticket: Ticket) -> None:
+        return None
+
+    def fence(self) -> Fence:
+        return _DoneFence()
+
+
+class CudaCopyEngine(CopyEngine):
+    """Copies on a dedicated CUDA stream, ordered by events against the caller's (scheduling) stream."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], warmup: bool = True):
+        super().__init__(buffers)
+        dev = self.buffers[0].device
+        assert dev.type == "cuda", "CudaCopyEngine needs CUDA buffers"
+        self.device = dev
+        self.stream = torch.cuda.Stream(device=dev)
+        if warmup:  # compile/launch the kernels once, on the padding slot 0, before serving
+            zero = torch.zeros(1, dtype=torch.int64, device=dev)
+            self.publish_after(self.copy(zero, zero))
+            torch.cuda.current_stream(dev).synchronize()
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket:
+        t0 = time.perf_counter()
+        caller = torch.cuda.current_stream(self.device)
+        src = src.to(self.device, torch.int64, non_blocking=True)
+        dst = dst.to(self.device, torch.int64, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(caller)  # after the forward that last wrote the sources, and after the index uploads
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            for buf in self.buffers:
+                buf.index_copy_(0, dst, buf.index_select(0, src))
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        src.record_stream(self.stream)
+        dst.record_stream(self.stream)
+        return Ticket(done, time.perf_counter() - t0)
+
+    def publish_after(self, ticket: Ticket) -> None:
+        torch.cuda.current_stream(self.device).wait_event(ticket.event)
+
+    def fence(self) -> Fence:
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return _CudaFence(ev)
+
+
+def make_copy_engine(buffers: Sequence[torch.Tensor]) -> CopyEngine:
+    return CudaCopyEngine(buffers) if buffers[0].is_cuda else CpuCopyEngine(buffers)

@@ -1,0 +1,88 @@
+"""``check_integrity``: every invariant of PAPER.md written once, as a check tests (and debug builds) call.
+
+- I1 token conservation: logical ids of each row strictly increasing and below ``logical_len``; with
+  ``kv_stamp``, every live entry's K/V bytes equal what was written for (row, logical id) (relocation kept them).
+- I2 unique mapping: a private slot is live in at most one entry, and only in the row that owns its page.
+- I3 pre-attention visibility: no live entry points into a page in flight (rows are published only after their
+  copy; sources are unreferenced until released).
+- I4 layout: every private page with no live token is a relocation source awaiting release (nothing leaks), and
+  every allocated page is owned by an active request, the tree, or is such a source.
+- Page accounting: free + allocated == total; free pages have no owner and no live token; live counts equal the
+  table's entries per page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from vtoken_sglang.core.pages import FREE, TREE
+from vtoken_sglang.core.token_table import TokenTable
+
+
+class IntegrityError(AssertionError):
+    pass
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise IntegrityError(what)
+
+
+def live_entries(table: TokenTable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows, cols, slots, logical) of every live entry of every active request, flattened."""
+    rows = torch.nonzero(table.active).flatten()
+    if rows.numel() == 0:
+        e = torch.empty(0, dtype=torch.int64)
+        return e, e, e, e
+    width = max(int(table.live_len[rows].max()), 1)
+    valid = torch.arange(width)[None, :] < table.live_len[rows][:, None]
+    r_i, c = torch.nonzero(valid, as_tuple=True)
+    r = rows[r_i]
+    return r, c, table.slots[r, c].to(torch.int64), table.logical[r, c].to(torch.int64)
+
+
+def check_integrity(
+    table: TokenTable,
+    kv: Sequence[torch.Tensor] | None = None,
+    kv_stamp: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> None:
+    """Raise ``IntegrityError`` naming the first violated invariant. ``kv``/``kv_stamp``: the K/V buffers and the
+    function giving the bytes written for (rows, logical ids), for the I1 byte check."""
+    pool, P = table.pages, table.page_size
+    owner, live = pool.owner, pool.live
+    # ---- page accounting
+    free = pool.free_ids()
+    _require(len(torch.unique(free)) == len(free), "free list has duplicates")
+    _require(bool((owner[free] == FREE).all()) and bool((live[free] == 0).all()), "a free page has an owner or live tokens")
+    _require(int((owner == FREE).sum()) == len(free), "a page is neither free nor allocated")
+    _require(pool.used_pages() + len(free) == pool.num_pages, "free + allocated != total")
+    # ---- table vs pages
+    rows, cols, slots, logical = live_entries(table)
+    pages = slots // P
+    private = owner[pages] >= 0
+    _require(bool((owner[pages] != FREE).all()), "a live entry points into a free page")
+    _require(bool((owner[pages][private] == rows[private].to(torch.int32)).all()), "a live entry points into another request's page (I2)")
+    counted = torch.zeros_like(live).index_add_(0, pages[private], torch.ones_like(pages[private], dtype=live.dtype))
+    priv_pages = owner >= 0
+    _require(bool((counted[priv_pages] == live[priv_pages]).all()), "page live counts differ from the table")
+    _require(len(torch.unique(slots[private])) == int(private.sum()), "a private slot is live twice (I2)")
+    # ---- in flight and leaks
+    _require(not bool(pool.in_flight[pages].any()), "a live entry points into a page in flight (I3)")
+    empty_private = priv_pages & (live == 0)
+    _require(bool((pool.in_flight[empty_private]).all()), "an empty private page is neither freed nor awaiting release (leak)")
+    owners = owner[priv_pages].to(torch.int64)
+    _require(bool((table.active[owners] | pool.in_flight[priv_pages]).all()), "a page is owned by an ended request (leak)")
+    _require(int(owner[0]) == TREE, "the padding page was handed out")
+    # ---- I1: logical order and ids
+    if rows.numel():
+        same_row = rows[1:] == rows[:-1]
+        _require(bool((logical[1:][same_row] > logical[:-1][same_row]).all()), "logical ids out of order (I1)")
+        _require(bool((logical < table.logical_len[rows]).all()), "a logical id beyond logical_len (I1)")
+    _require(bool((table.live_len <= table.logical_len).all()), "more live entries than tokens")
+    if kv is not None and kv_stamp is not None and rows.numel():
+        expected = kv_stamp(rows, logical)
+        for buf in kv:
+            _require(torch.equal(buf[slots].reshape(expected.shape[0], -1), expected.to(buf.dtype).reshape(expected.shape[0], -1)),
+                     "K/V bytes of a live token changed (I1)")

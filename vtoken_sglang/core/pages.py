@@ -1,0 +1,106 @@
+"""The page-level view of the Token Table: who owns each physical KV page, how many live tokens it holds, and
+which pages are free.
+
+Page ids run ``1..num_pages``; page 0 is the padding page (never allocated), as in SGLang. Slot ``s`` lies in page
+``s // page_size``. Ownership ``owner[p]``:
+
+    FREE  (-1)  on the free list, live == 0
+    TREE  (-2)  held by the prefix cache (radix tree): never moved or freed by vToken; live counts not kept
+    r >= 0      private to request row r: live == number of row r's live entries in p
+
+``in_flight[p]`` marks pages that are a source or destination of a relocation not yet published; the planner
+skips them (I4). A slice of ``reserve`` free pages is kept for relocation destinations: ordinary allocation cannot
+take it (headroom-aware admission), relocation can.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FREE = -1
+TREE = -2
+
+
+class OutOfPages(RuntimeError):
+    """Not enough free pages for an allocation."""
+
+
+class PagePool:
+    """Free list + per-page live counts, owners and in-flight marks. Deterministic: the same call sequence gives
+    the same page ids (so every tensor-parallel rank agrees)."""
+
+    def __init__(self, num_pages: int, page_size: int, reserve: int = 0, device: str | torch.device = "cpu"):
+        assert page_size >= 2, "vToken needs pages of at least 2 tokens"
+        assert 0 <= reserve <= num_pages
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.reserve = reserve
+        self.device = torch.device(device)
+        self.live = torch.zeros(num_pages + 1, dtype=torch.int32, device=self.device)
+        self.owner = torch.full((num_pages + 1,), FREE, dtype=torch.int32, device=self.device)
+        self.owner[0] = TREE  # the padding page is never handed out
+        self.in_flight = torch.zeros(num_pages + 1, dtype=torch.bool, device=self.device)
+        self._free = torch.arange(1, num_pages + 1, dtype=torch.int64, device=self.device)
+
+    # ------------------------------------------------------------------ free list
+
+    def num_free(self, for_relocation: bool = False) -> int:
+        """Pages an allocation may take: relocation may dip into the reserve, ordinary allocation may not."""
+        return len(self._free) if for_relocation else max(0, len(self._free) - self.reserve)
+
+    def alloc(self, n: int, owner: int | torch.Tensor, for_relocation: bool = False) -> torch.Tensor:
+        """Take ``n`` pages for request row ``owner`` (an int, ``TREE``, or one owner per page). Raises
+        ``OutOfPages`` if they are not there."""
+        if n > self.num_free(for_relocation):
+            raise OutOfPages(f"need {n} pages, {self.num_free(for_relocation)} available")
+        pages, self._free = self._free[:n], self._free[n:]
+        self.owner[pages] = owner.to(torch.int32) if isinstance(owner, torch.Tensor) else owner
+        return pages
+
+    def free(self, pages: torch.Tensor) -> None:
+        """Return pages to the free list. They must hold no live token and not be in flight."""
+        if pages.numel() == 0:
+            return
+        pages = pages.to(torch.int64)
+        assert bool((self.owner[pages] != FREE).all()), "double free"
+        assert bool((self.live[pages] == 0).all()), "freeing a page that still holds live tokens"
+        assert bool((~self.in_flight[pages]).all()), "freeing a page in flight"
+        self.owner[pages] = FREE
+        self._free = torch.cat([self._free, pages])
+
+    def free_ids(self) -> torch.Tensor:
+        return self._free
+
+    # ------------------------------------------------------------------ live counts
+
+    def add_live(self, slots: torch.Tensor, delta: int) -> torch.Tensor:
+        """Add ``delta`` per slot to the live count of its page (private pages only; tree pages are not counted).
+        Returns the private pages whose count dropped to 0 (``delta < 0``), unique and sorted."""
+        if slots.numel() == 0:
+            return slots.new_empty(0, dtype=torch.int64)
+        pages = (slots // self.page_size).to(torch.int64)
+        pages = pages[self.owner[pages] >= 0]
+        if pages.numel() == 0:
+            return pages
+        self.live.index_add_(0, pages, torch.full_like(pages, delta, dtype=torch.int32))
+        assert bool((self.live[pages] >= 0).all()) and bool((self.live[pages] <= self.page_size).all())
+        if delta >= 0:
+            return pages.new_empty(0)
+        touched = torch.unique(pages)
+        return touched[self.live[touched] == 0]
+
+    # ------------------------------------------------------------------ views
+
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def private_mask(self) -> torch.Tensor:
+        return self.owner >= 0
+
+    def fragmentation(self) -> float:
+        """F = 1 - mean page utilization over allocated private pages (0.0 when none)."""
+        mask = self.private_mask()
+        n = int(mask.sum())
+        if n == 0:
+            return 0.0
+        return 1.0 - float(self.live[mask].sum()) / (n * self.page_size)

@@ -1,0 +1,173 @@
+"""The reclaim loop an engine calls between forward passes: snapshot -> plan -> validate -> copy -> publish ->
+release after the grace period.
+
+``Reclaimer.step()`` once per engine step (the epoch). A plan is applied whole or dropped whole:
+- stale: taken more than ``max_plan_lag`` epochs ago (a worker's plan that arrives late);
+- rejected: it overlaps pages in flight, a source no longer looks as planned (owner, live count, tail), a row
+  ended, or its destinations do not fit now (I4).
+Source pages stay ``in_flight`` (and allocated) until ``grace_steps`` epochs have passed and the copy engine's
+fence taken at publish time is done: nothing can still read them (I3); then they are freed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from vtoken_sglang.core.copy_engine import CopyEngine, Fence
+from vtoken_sglang.core.pages import PagePool
+from vtoken_sglang.core.planner import Plan, Snapshot, pack_moves, plan_reclaim
+from vtoken_sglang.core.token_table import TokenTable
+
+
+@dataclasses.dataclass
+class ReclaimStats:
+    pages_reclaimed: int = 0
+    tokens_moved: int = 0
+    plans_admitted: int = 0
+    plans_rejected: int = 0
+    plans_stale: int = 0
+    planner_ms: float = 0.0  # total
+    copy_ms: float = 0.0  # total
+    planner_calls: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Pending:
+    release_epoch: int
+    fence: Fence
+    pages: torch.Tensor
+
+
+class Reclaimer:
+    def __init__(
+        self,
+        table: TokenTable,
+        engine: CopyEngine,
+        theta: float = 0.25,
+        low_watermark: int = 0,
+        grace_steps: int = 1,
+        max_plan_lag: int = 0,
+        enabled: bool = True,
+    ):
+        self.table = table
+        self.pool: PagePool = table.pages
+        self.engine = engine
+        self.theta = theta
+        self.low_watermark = low_watermark
+        self.grace_steps = grace_steps
+        self.max_plan_lag = max_plan_lag
+        self.enabled = enabled
+        self.epoch = 0
+        self.stats = ReclaimStats()
+        self.planner_ms_samples: list[float] = []
+        self._pending: list[_Pending] = []
+
+    # ------------------------------------------------------------------ planning
+
+    def needs_reclaim(self) -> bool:
+        """The trigger: fragmentation above theta, or free pages at or below the low watermark."""
+        if not self.enabled:
+            return False
+        return self.pool.fragmentation() > self.theta or self.pool.num_free() <= self.low_watermark
+
+    def snapshot(self) -> Snapshot:
+        blocked = self.pool.in_flight.clone()
+        blocked[self.table.tail_pages()] = True
+        return Snapshot(self.epoch, self.pool.page_size, self.pool.live.clone(), self.pool.owner.clone(), blocked,
+                        self.pool.num_free(for_relocation=True))
+
+    def plan(self) -> Plan:
+        t0 = time.perf_counter()
+        plan = plan_reclaim(self.snapshot())
+        ms = (time.perf_counter() - t0) * 1e3
+        self.stats.planner_ms += ms
+        self.stats.planner_calls += 1
+        self.planner_ms_samples.append(ms)
+        return plan
+
+    # ------------------------------------------------------------------ applying
+
+    def validate(self, plan: Plan) -> str | None:
+        """Why ``plan`` cannot be applied now (``"stale"`` or another reason), or None if it can."""
+        if self.epoch - plan.epoch > self.max_plan_lag or plan.epoch > self.epoch:
+            return "stale"
+        pool, src = self.pool, plan.src_pages
+        if bool(pool.in_flight[src].any()):
+            return "overlaps a relocation in flight"
+        if not bool((pool.owner[src] == plan.src_row.to(torch.int32)).all()):
+            return "a source page changed owner"
+        if not bool((pool.live[src] == plan.src_live).all()):
+            return "a source page's live count changed"
+        if not bool(self.table.active[plan.rows].all()):
+            return "a planned request ended"
+        tails = self.table.tail_pages()
+        if bool(torch.isin(src, tails).any()):
+            return "a source page became a tail page"
+        if plan.pages_taken >= plan.pages_freed:
+            return "does not free more pages than it takes"
+        if plan.pages_taken > pool.num_free(for_relocation=True):
+            return "not enough free pages for the destinations"
+        return None
+
+    def apply(self, plan: Plan) -> bool:
+        """Validate, then relocate and publish the whole plan. Returns whether it was applied."""
+        reason = self.validate(plan)
+        if reason is not None:
+            if reason == "stale":
+                self.stats.plans_stale += 1
+            else:
+                self.stats.plans_rejected += 1
+            return False
+        pool = self.pool
+        dst_pages = pool.alloc(plan.pages_taken, torch.repeat_interleave(plan.rows, plan.n_dst), for_relocation=True)
+        pool.in_flight[plan.src_pages] = True
+        pool.in_flight[dst_pages] = True
+        moves = pack_moves(self.table.slots, self.table.live_len, plan, dst_pages, pool.page_size)
+        assert moves.src.numel() == plan.tokens_moved, "plan and table disagree"
+        ticket = self.engine.copy(moves.src, moves.dst)
+        self.engine.publish_after(ticket)
+        self.table.apply_moves(moves.rows, moves.cols, moves.dst)
+        pool.in_flight[dst_pages] = False
+        self._pending.append(_Pending(self.epoch + self.grace_steps, self.engine.fence(), plan.src_pages))
+        st = self.stats
+        st.plans_admitted += 1
+        st.tokens_moved += plan.tokens_moved
+        st.copy_ms += ticket.seconds * 1e3
+        return True
+
+    def release_ready(self, force: bool = False) -> int:
+        """Free the source pages whose grace period is over (all of them with ``force``, e.g. at shutdown after a
+        device sync). Returns the number of pages freed."""
+        keep, freed = [], 0
+        for p in self._pending:
+            if force or (p.release_epoch <= self.epoch and p.fence.done()):
+                self.pool.in_flight[p.pages] = False
+                self.pool.free(p.pages)
+                freed += int(p.pages.numel())
+            else:
+                keep.append(p)
+        self._pending = keep
+        self.stats.pages_reclaimed += freed
+        return freed
+
+    def pending_pages(self) -> int:
+        return sum(int(p.pages.numel()) for p in self._pending)
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> Plan | None:
+        """One engine step: release what is due, plan and apply if triggered, advance the epoch."""
+        self.release_ready()
+        applied = None
+        if self.needs_reclaim():
+            plan = self.plan()
+            if not plan.is_empty() and self.apply(plan):
+                applied = plan
+        self.epoch += 1
+        return applied

@@ -1,0 +1,188 @@
+"""The Token Table: per request, its live KV entries in logical order; per page, live counts (``PagePool``).
+
+Row ``r`` (one request) holds, in columns ``0 .. live_len[r]-1``::
+
+    slots[r, j]        physical KV slot of the j-th live token      (this is SGLang's ``req_to_token[r, j]``)
+    logical[r, j]      its logical position (RoPE position), strictly increasing in j
+    state[name][r, j]  row-aligned policy state (e.g. accumulated attention), moved with the entry
+
+and ``logical_len[r]`` is the next logical position (prompt + generated so far). Columns past ``live_len[r]`` are
+garbage. Invariants (checked by ``integrity.check_integrity``):
+
+- a private page's live count equals the number of live entries of its owner in it; a page whose count reaches 0
+  is freed at once (that alone is Naive-Evict);
+- the newest token of a request (its last column) is never evicted, so its page, the *tail page* that the next
+  token is written into at ``slots[r, live_len-1] + 1``, stays owned by the request while it lives;
+- eviction changes metadata only; relocation (``apply_moves``) changes slots, never logical ids or order.
+
+All operations are batched over requests and vectorized (no per-token Python loop).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vtoken_sglang.core.pages import TREE, PagePool
+
+
+class TokenTable:
+    def __init__(
+        self,
+        num_rows: int,
+        max_context: int,
+        pages: PagePool,
+        slots: torch.Tensor | None = None,
+        state_names: tuple[str, ...] = (),
+    ):
+        """``slots``: an existing int32 ``[num_rows, max_context]`` tensor to use as the row store (SGLang's
+        ``req_to_token``); a new one is made otherwise."""
+        dev = pages.device
+        self.pages = pages
+        self.page_size = pages.page_size
+        self.num_rows = num_rows
+        self.max_context = max_context
+        self.slots = slots if slots is not None else torch.zeros(num_rows, max_context, dtype=torch.int32, device=dev)
+        assert self.slots.shape == (num_rows, max_context)
+        self.logical = torch.zeros(num_rows, max_context, dtype=torch.int32, device=dev)
+        self.state = {name: torch.zeros(num_rows, max_context, dtype=torch.float32, device=dev) for name in state_names}
+        self.live_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+        self.logical_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+        self.active = torch.zeros(num_rows, dtype=torch.bool, device=dev)
+
+    # ------------------------------------------------------------------ request lifetime
+
+    def open_rows(self, rows: torch.Tensor) -> None:
+        """Start requests in ``rows`` (empty rows)."""
+        assert not bool(self.active[rows].any()), "row already in use"
+        self.active[rows] = True
+        self.live_len[rows] = 0
+        self.logical_len[rows] = 0
+
+    def close_row(self, row: int) -> torch.Tensor:
+        """End a request: drop its entries and return the private pages it held (the caller frees them, after
+        whatever grace its engine needs). Tree pages are left to the tree."""
+        n = int(self.live_len[row])
+        slots = self.slots[row, :n]
+        pages = torch.unique((slots // self.page_size).to(torch.int64))
+        pages = pages[self.pages.owner[pages] == row]
+        self.pages.live[pages] = 0
+        self.active[row] = False
+        self.live_len[row] = 0
+        return pages
+
+    # ------------------------------------------------------------------ appends
+
+    def alloc_slots(self, rows: torch.Tensor, counts: torch.Tensor, for_relocation: bool = False) -> torch.Tensor:
+        """Slots for ``counts[i]`` new tokens of each request ``rows[i]``, concatenated in row order: first the rest
+        of the request's tail page (``last slot + 1 ...``), then new pages. Same rule as SGLang's paged allocator."""
+        P = self.page_size
+        counts = counts.to(torch.int64)
+        live = self.live_len[rows]
+        last = torch.where(live > 0, self.slots[rows, (live - 1).clamp(min=0)].to(torch.int64), torch.full_like(live, -1))
+        tail_page_is_own = (last >= 0) & (self.pages.owner[(last // P).clamp(min=0)] == rows.to(torch.int32))
+        room = torch.where(tail_page_is_own, P - 1 - last % P, torch.zeros_like(last))
+        in_tail = torch.minimum(room, counts)
+        new_pages = (counts - in_tail + P - 1) // P
+        fresh = self.pages.alloc(int(new_pages.sum()), torch.repeat_interleave(rows.to(torch.int64), new_pages), for_relocation)
+        # The k-th new token of a request: tail slot last+1+k while k < in_tail, then its fresh pages in order.
+        req = torch.repeat_interleave(torch.arange(len(rows), device=rows.device), counts)
+        k = torch.arange(int(counts.sum()), device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
+        out = last[req] + 1 + k
+        beyond = k - in_tail[req]
+        spill = beyond >= 0
+        if bool(spill.any()):
+            page_idx = (torch.cumsum(new_pages, 0) - new_pages)[req[spill]] + beyond[spill] // P
+            out[spill] = fresh[page_idx] * P + beyond[spill] % P
+        return out
+
+    def append(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Allocate slots for new tokens and register them (a standalone engine's write path). Returns the slots."""
+        slots = self.alloc_slots(rows, counts)
+        self.sync_new_tokens(rows, counts, slots)
+        return slots
+
+    def sync_new_tokens(self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+        """Register ``counts[i]`` newly written tokens of request ``rows[i]`` at the end of its row (logical ids
+        ``logical_len ...``). ``slots``: their KV slots, concatenated in row order; ``None`` when the engine already
+        wrote them into the row store (SGLang writes ``req_to_token`` itself)."""
+        counts = counts.to(torch.int64)
+        total = int(counts.sum())
+        if total == 0:
+            return
+        req = torch.repeat_interleave(torch.arange(len(rows), device=rows.device), counts)
+        k = torch.arange(total, device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
+        r = rows.to(torch.int64)[req]
+        col = self.live_len[r] + k
+        assert int(col.max()) < self.max_context, "row overflow"
+        if slots is not None:
+            self.slots[r, col] = slots.to(self.slots.dtype)
+        new_slots = self.slots[r, col].to(torch.int64)
+        self.logical[r, col] = (self.logical_len[r] + k).to(torch.int32)
+        for t in self.state.values():
+            t[r, col] = 0
+        self.pages.add_live(new_slots, +1)
+        self.live_len.index_add_(0, rows.to(torch.int64), counts)
+        self.logical_len.index_add_(0, rows.to(torch.int64), counts)
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Evict the live entries at ``(rows[i], cols[i])`` (column indices into the current live rows; pairs
+        unique). Compacts the affected rows stably, decrements page counts and returns the private pages that
+        became empty; the caller frees them (``PagePool.free``) at once, or after its engine's grace period.
+        Metadata only: no KV moves."""
+        if rows.numel() == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.slots.device)
+        rows, cols = rows.to(torch.int64), cols.to(torch.int64)
+        assert bool((cols < self.live_len[rows] - 1).all()), "victim out of range, or the newest token"
+        victims = self.slots[rows, cols].to(torch.int64)
+        affected, inverse = torch.unique(rows, return_inverse=True)
+        width = int(self.live_len[affected].max())
+        keep = torch.arange(width, device=rows.device)[None, :] < self.live_len[affected][:, None]
+        keep[inverse, cols] = False
+        assert int(self.live_len[affected].sum() - keep.sum()) == len(cols), "duplicate victims"
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept columns first, in order
+        for store in (self.slots, self.logical, *self.state.values()):
+            block = store[affected, :width]
+            store[affected, :width] = torch.gather(block, 1, order)
+        self.live_len[affected] = keep.sum(1)
+        return self.pages.add_live(victims, -1)
+
+    def evict_token(self, row: int, logical_id: int) -> torch.Tensor:
+        """The paper's single-token API: evict the token with logical id ``logical_id`` of request ``row``."""
+        n = int(self.live_len[row])
+        col = int(torch.searchsorted(self.logical[row, :n].contiguous(), torch.tensor(logical_id, dtype=torch.int32)))
+        assert col < n and int(self.logical[row, col]) == logical_id, "token is not live"
+        return self.evict(torch.tensor([row]), torch.tensor([col]))
+
+    # ------------------------------------------------------------------ relocation (internal)
+
+    def apply_moves(self, rows: torch.Tensor, cols: torch.Tensor, new_slots: torch.Tensor) -> None:
+        """Publish a relocation: the entries at ``(rows, cols)`` now live at ``new_slots`` (their K/V already
+        copied there). Live counts move from old to new pages; logical ids and order are unchanged. The old
+        pages are not freed here: the reclaimer releases them after the grace period."""
+        rows, cols = rows.to(torch.int64), cols.to(torch.int64)
+        old = self.slots[rows, cols].to(torch.int64)
+        self.pages.add_live(old, -1)
+        self.slots[rows, cols] = new_slots.to(self.slots.dtype)
+        self.pages.add_live(new_slots.to(torch.int64), +1)
+
+    # ------------------------------------------------------------------ views
+
+    def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = int(self.live_len[row])
+        return self.slots[row, :n], self.logical[row, :n]
+
+    def tail_pages(self) -> torch.Tensor:
+        """Page of the newest token of every active request (the page its next token is written into)."""
+        rows = torch.nonzero(self.active & (self.live_len > 0)).flatten()
+        last = self.slots[rows, self.live_len[rows] - 1].to(torch.int64)
+        return last // self.page_size
+
+    def lower_bound_pages(self) -> int:
+        """Sum over active requests of ceil(live / page_size): the fewest pages their live tokens can occupy."""
+        live = self.live_len[self.active]
+        return int(((live + self.page_size - 1) // self.page_size).sum())
+
+
+__all__ = ["TokenTable", "TREE"]

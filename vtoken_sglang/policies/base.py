@@ -1,0 +1,106 @@
+"""The policy interface: given the Token Table's live rows (and, where needed, attention scores), return victims.
+
+A policy is a small class: it names the row-aligned state it needs (``state_names``), updates it from attention
+(``observe``) if it uses scores, and ranks live entries by ``keep_score`` (higher = keep). The shared driver
+``select_victims`` does the rest, vectorized over requests:
+
+- budget per request: ``budget`` tokens, or ``ceil(budget_ratio * logical_len)``, never below sinks + recent + 1;
+- batching: a request is trimmed only when ``live > budget + slack``, and then down to ``budget``;
+- protected entries: the first ``sinks`` logical tokens, the ``recent`` newest, and always the newest token (the
+  engine writes the next token after it);
+- victims: the ``live - budget`` unprotected entries with the lowest keep score (ties: older first).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+
+import torch
+
+from vtoken_sglang.core.token_table import TokenTable
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    budget: int | None = None
+    budget_ratio: float | None = None
+    sinks: int = 4
+    recent: int = 64
+    slack: int = 16
+    seed: int = 0
+    history: int = 32  # scissorhands: history window (observations)
+    window: int = 32  # snapkv: observation window (last prompt queries)
+    pool_kernel: int = 7  # snapkv: max-pooling width over positions
+
+    def __post_init__(self):
+        assert (self.budget is None) != (self.budget_ratio is None), "exactly one of budget, budget_ratio"
+
+
+@dataclasses.dataclass
+class RowBlock:
+    """The live rows of ``rows`` as a dense block ``[k, width]`` (``valid`` marks real entries)."""
+
+    rows: torch.Tensor
+    valid: torch.Tensor
+    logical: torch.Tensor
+    logical_len: torch.Tensor
+    live_len: torch.Tensor
+    state: dict[str, torch.Tensor]
+
+
+def row_block(table: TokenTable, rows: torch.Tensor) -> RowBlock:
+    width = max(int(table.live_len[rows].max()), 1)
+    valid = torch.arange(width, device=rows.device)[None, :] < table.live_len[rows][:, None]
+    return RowBlock(rows, valid, table.logical[rows, :width].to(torch.int64), table.logical_len[rows],
+                    table.live_len[rows], {k: v[rows, :width] for k, v in table.state.items()})
+
+
+class Policy(abc.ABC):
+    name: str = ""
+    needs_scores: bool = False
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, cfg: PolicyConfig):
+        self.cfg = cfg
+
+    @abc.abstractmethod
+    def keep_score(self, block: RowBlock) -> torch.Tensor:
+        """``[k, width]`` float scores; the lowest unprotected entries are evicted."""
+
+    def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
+        """Fold one step of attention ``attn[k, width]`` (aligned with the live columns of ``rows``) into the
+        row-aligned state. Score-free policies ignore it."""
+
+    def budget(self, logical_len: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        floor = c.sinks + c.recent + 1
+        if c.budget is not None:
+            b = torch.full_like(logical_len, c.budget)
+        else:
+            b = torch.ceil(logical_len.to(torch.float64) * c.budget_ratio).to(torch.int64)
+        return torch.clamp(b, min=floor)
+
+    def select_victims(self, table: TokenTable, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Victims ``(rows, cols)`` of the requests in ``rows`` that exceed their budget plus slack."""
+        empty = (rows.new_empty(0), rows.new_empty(0))
+        if rows.numel() == 0:
+            return empty
+        budget = self.budget(table.logical_len[rows])
+        over = table.live_len[rows] > budget + self.cfg.slack
+        rows, budget = rows[over], budget[over]
+        if rows.numel() == 0:
+            return empty
+        block = row_block(table, rows)
+        n_evict = block.live_len - budget
+        protected = ~block.valid | (block.logical < self.cfg.sinks) | (block.logical >= (block.logical_len - self.cfg.recent)[:, None])
+        protected[torch.arange(len(rows)), block.live_len - 1] = True
+        score = self.keep_score(block).to(torch.float64).masked_fill(protected, math.inf)
+        # lowest score first; among equals, the oldest (a stable sort keeps column order)
+        order = torch.argsort(score, dim=1, stable=True)
+        take = torch.arange(score.shape[1], device=rows.device)[None, :] < n_evict[:, None]
+        r_i, rank = torch.nonzero(take, as_tuple=True)
+        cols = order[r_i, rank]
+        assert not bool(protected[r_i, cols].any()), "budget too small for the protected entries"
+        return rows[r_i], cols

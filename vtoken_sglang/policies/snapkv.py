@@ -1,0 +1,28 @@
+"""``snapkv``: at prefill, score prompt tokens by the attention of the last ``window`` prompt queries, max-pooled
+over ``pool_kernel`` neighbouring positions; keep the highest. Generated tokens are never evicted before prompt
+tokens."""
+
+import math
+
+import torch
+
+from vtoken_sglang.core.token_table import TokenTable
+from vtoken_sglang.policies.base import Policy, RowBlock
+
+
+class SnapKVPolicy(Policy):
+    name = "snapkv"
+    needs_scores = True
+    state_names = ("snap",)
+
+    def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
+        """At prefill, ``attn`` is ``[k, width]`` = attention summed over the observation window's queries."""
+        if not prefill:
+            return
+        k = self.cfg.pool_kernel
+        pooled = torch.nn.functional.max_pool1d(attn[:, None, :].to(torch.float32), k, stride=1, padding=k // 2)[:, 0, : attn.shape[1]]
+        table.state["snap"][rows, : attn.shape[1]] = pooled + 1.0  # +1: scored prompt tokens rank above unscored 0
+
+    def keep_score(self, block: RowBlock) -> torch.Tensor:
+        prompt_scored = block.state["snap"] > 0
+        return torch.where(prompt_scored, block.state["snap"].to(torch.float64), torch.full_like(block.state["snap"], math.inf, dtype=torch.float64))

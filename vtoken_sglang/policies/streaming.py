@@ -1,0 +1,12 @@
+"""``streaming`` (StreamingLLM): keep the attention sinks and the most recent tokens; evict the oldest others."""
+
+import torch
+
+from vtoken_sglang.policies.base import Policy, RowBlock
+
+
+class StreamingPolicy(Policy):
+    name = "streaming"
+
+    def keep_score(self, block: RowBlock) -> torch.Tensor:
+        return block.logical.to(torch.float64)  # older = lower = evicted first
