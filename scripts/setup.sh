@@ -33,7 +33,7 @@ fi
 
 "$python" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-warn-conflicts -q)
 t0=$SECONDS
 
 if [[ $mode == cpu ]]; then

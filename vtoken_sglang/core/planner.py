@@ -3,8 +3,8 @@
 Stages (PAPER.md "Reclaim backend"):
 1. Eligibility: a source page is private, not in flight, not its owner's tail page, and neither empty nor full.
 2. Source choice per request: its eligible pages sorted by live count (sparsest first, page id breaks ties); it
-   takes the prefix of k pages that maximizes ``k - ceil(live_in_prefix / P)`` (pages freed), the shortest such
-   prefix, so no token moves without paying for itself.
+   takes the prefix of k pages that maximizes ``k - ceil(live_in_prefix / P)`` (pages freed) among prefixes whose
+   destinations fit the free pages, the shortest such prefix, so no token moves without paying for itself.
 3. Headroom-aware admission: destinations come from the free pages including the relocation reserve; requests
    are admitted by descending gain (then row id) while their destinations fit. Every admitted request frees
    strictly more pages than it takes (I4).
@@ -87,7 +87,8 @@ def plan_reclaim(snap: Snapshot, max_moves: int | None = None) -> Plan:
     k = torch.arange(len(pages)) - first[seg_id] + 1
     cum = torch.cumsum(cnt, 0)
     cum = cum - torch.cat([cum.new_zeros(1), cum])[first][seg_id]
-    gain = k - (cum + P - 1) // P
+    dst = (cum + P - 1) // P
+    gain = torch.where(dst <= snap.free_for_relocation, k - dst, torch.full_like(k, -1))  # prefixes that fit at all
     n_seg = len(first)
     best_gain = torch.full((n_seg,), -1, dtype=torch.int64).scatter_reduce(0, seg_id, gain, "amax")
     # shortest prefix reaching the best gain: smallest k with gain == best

@@ -4,7 +4,8 @@ A policy is a small class: it names the row-aligned state it needs (``state_name
 (``observe``) if it uses scores, and ranks live entries by ``keep_score`` (higher = keep). The shared driver
 ``select_victims`` does the rest, vectorized over requests:
 
-- budget per request: ``budget`` tokens, or ``ceil(budget_ratio * logical_len)``, never below sinks + recent + 1;
+- budget per request: ``budget`` tokens, or ``ceil(budget_ratio * logical_len)``, never below sinks + recent
+  (and at least sinks + 1: the newest token always stays);
 - batching: a request is trimmed only when ``live > budget + slack``, and then down to ``budget``;
 - protected entries: the first ``sinks`` logical tokens, the ``recent`` newest, and always the newest token (the
   engine writes the next token after it);
@@ -75,7 +76,7 @@ class Policy(abc.ABC):
 
     def budget(self, logical_len: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        floor = c.sinks + c.recent + 1
+        floor = c.sinks + max(c.recent, 1)
         if c.budget is not None:
             b = torch.full_like(logical_len, c.budget)
         else:

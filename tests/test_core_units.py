@@ -1,0 +1,190 @@
+"""Token Table, planner, reclaimer and copy engine, one property at a time."""
+
+import pytest
+import torch
+
+from core_helpers import MiniEngine, stamp
+from vtoken_sglang.core.copy_engine import CpuCopyEngine, make_copy_engine
+from vtoken_sglang.core.integrity import IntegrityError, check_integrity
+from vtoken_sglang.core.pages import TREE, OutOfPages, PagePool
+from vtoken_sglang.core.planner import Snapshot, pack_moves, plan_reclaim
+
+
+def sparse_engine(reserve=4, theta=0.0):
+    """One request of 32 tokens in 8 pages of 4; every other token evicted (except the newest)."""
+    eng = MiniEngine(num_pages=32, page_size=4, rows=4, max_context=256, reserve=reserve, theta=theta)
+    row = torch.tensor([0])
+    eng.table.open_rows(row)
+    eng.write(row, torch.tensor([32]))
+    cols = torch.arange(0, 30, 2)
+    eng.evict(torch.zeros_like(cols), cols)
+    return eng
+
+
+class TestTokenTable:
+    def test_appends_fill_the_tail_page_then_new_pages(self):
+        eng = MiniEngine(num_pages=16, page_size=4, rows=2, max_context=64)
+        row = torch.tensor([1])
+        eng.table.open_rows(row)
+        first = eng.write(row, torch.tensor([6])).tolist()
+        assert first[1:4] == [first[0] + 1, first[0] + 2, first[0] + 3] and first[4] % 4 == 0
+        second = eng.write(row, torch.tensor([3])).tolist()
+        assert second[:2] == [first[5] + 1, first[5] + 2]  # rest of the tail page first
+        check_integrity(eng.table, eng.kv, stamp)
+
+    def test_eviction_is_metadata_only_and_frees_empty_pages_at_once(self):
+        eng = MiniEngine(num_pages=16, page_size=4, rows=2, max_context=64)
+        row = torch.tensor([0])
+        eng.table.open_rows(row)
+        eng.write(row, torch.tensor([12]))
+        kv_before = [b.clone() for b in eng.kv]
+        used = eng.pool.used_pages()
+        eng.evict(torch.zeros(4, dtype=torch.int64), torch.tensor([0, 1, 2, 3]))  # the whole first page
+        assert eng.pool.used_pages() == used - 1
+        assert all(torch.equal(a, b) for a, b in zip(kv_before, eng.kv))
+        assert eng.table.row_view(0)[1].tolist() == list(range(4, 12))
+        check_integrity(eng.table, eng.kv, stamp)
+
+    def test_newest_token_cannot_be_evicted(self):
+        eng = MiniEngine(num_pages=16, page_size=4, rows=2, max_context=64)
+        eng.table.open_rows(torch.tensor([0]))
+        eng.write(torch.tensor([0]), torch.tensor([5]))
+        with pytest.raises(AssertionError):
+            eng.table.evict(torch.tensor([0]), torch.tensor([4]))
+
+    def test_evict_token_by_logical_id(self):
+        eng = MiniEngine(num_pages=16, page_size=4, rows=2, max_context=64)
+        eng.table.open_rows(torch.tensor([0]))
+        eng.write(torch.tensor([0]), torch.tensor([9]))
+        eng.pool.free(eng.table.evict_token(0, 5))
+        assert eng.table.row_view(0)[1].tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
+
+    def test_integrity_catches_a_corrupted_count(self):
+        eng = sparse_engine()
+        eng.pool.live[int(eng.table.slots[0, 0]) // 4] += 1
+        with pytest.raises(IntegrityError, match="live counts"):
+            check_integrity(eng.table)
+
+
+class TestPlanner:
+    def test_plan_frees_more_than_it_takes_and_skips_the_tail(self):
+        eng = sparse_engine()
+        plan = eng.reclaimer.plan()
+        tail = int(eng.table.tail_pages()[0])
+        assert plan.pages_freed > plan.pages_taken >= 1 and tail not in plan.src_pages.tolist()
+        assert eng.reclaimer.apply(plan)
+        check_integrity(eng.table, eng.kv, stamp)
+        eng.reclaimer.step()  # grace over -> sources freed
+        eng.reclaimer.step()
+        # 17 live tokens in 8 pages: the 6 sparsest hold 12 -> 3 destinations (taking the 7th too would move 2
+        # more tokens for no extra page); 8 - 6 + 3 = 5 = ceil(17 / 4), the lower bound
+        st = eng.reclaimer.stats
+        assert eng.pool.used_pages() == eng.table.lower_bound_pages() == 5
+        assert (st.pages_reclaimed, st.tokens_moved) == (6, 12)
+        check_integrity(eng.table, eng.kv, stamp)
+
+    def test_packing_is_dense_and_in_logical_order(self):
+        eng = sparse_engine()
+        plan = eng.reclaimer.plan()
+        dst_pages = torch.tensor([30, 31, 29, 28][: plan.pages_taken])
+        moves = pack_moves(eng.table.slots, eng.table.live_len, plan, dst_pages, 4)
+        expected = torch.cat([p * 4 + torch.arange(4) for p in dst_pages])[: len(moves.dst)]
+        assert torch.equal(moves.dst, expected) and torch.equal(moves.cols, moves.cols.sort().values)
+
+    def test_shared_in_flight_and_full_pages_are_not_sources(self):
+        eng = sparse_engine()
+        snap = eng.reclaimer.snapshot()
+        pages = torch.unique(eng.table.row_view(0)[0].to(torch.int64) // 4)
+        owner = snap.owner.clone()
+        owner[pages[0]] = TREE
+        blocked = snap.blocked.clone()
+        blocked[pages[1]] = True
+        plan = plan_reclaim(Snapshot(snap.epoch, 4, snap.live, owner, blocked, snap.free_for_relocation))
+        assert pages[0].item() not in plan.src_pages.tolist() and pages[1].item() not in plan.src_pages.tolist()
+        assert bool((snap.live[plan.src_pages] < 4).all())
+
+    def test_admission_needs_headroom(self):
+        eng = sparse_engine()
+        snap = eng.reclaimer.snapshot()
+        assert plan_reclaim(Snapshot(0, 4, snap.live, snap.owner, snap.blocked, 0)).is_empty()
+        one = plan_reclaim(Snapshot(0, 4, snap.live, snap.owner, snap.blocked, 1))
+        assert one.pages_taken == 1 and one.pages_freed >= 2  # best plan within one destination page
+
+    def test_stale_and_overlapping_plans_are_rejected_whole(self):
+        eng = sparse_engine()
+        rec = eng.reclaimer
+        plan = rec.plan()
+        rec.epoch += 1
+        assert not rec.apply(plan) and rec.stats.plans_stale == 1
+        plan = rec.plan()
+        assert rec.apply(plan)
+        assert not rec.apply(plan) and rec.stats.plans_rejected == 1
+        check_integrity(eng.table, eng.kv, stamp)
+
+    def test_no_reserve_no_headroom_ordinary_allocation_cannot_take_it(self):
+        pool = PagePool(8, 4, reserve=3)
+        assert pool.num_free() == 5 and pool.num_free(for_relocation=True) == 8
+        with pytest.raises(OutOfPages):
+            pool.alloc(6, owner=0)
+        assert len(pool.alloc(6, owner=0, for_relocation=True)) == 6
+
+
+class TestCopyEngine:
+    def test_cpu_copy_moves_every_buffer(self):
+        bufs = [torch.randn(32, 2, 3) for _ in range(3)]
+        ref = [b.clone() for b in bufs]
+        eng = make_copy_engine(bufs)
+        assert isinstance(eng, CpuCopyEngine)
+        src, dst = torch.tensor([1, 5, 9]), torch.tensor([20, 21, 22])
+        t = eng.copy(src, dst)
+        eng.publish_after(t)
+        assert eng.fence().done()
+        for b, r in zip(bufs, ref):
+            assert torch.equal(b[dst], r[src]) and torch.equal(b[:20], r[:20])
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.gpu
+class TestCudaCopyEngine:
+    def test_copy_is_ordered_after_the_writer_and_before_the_reader(self):
+        from vtoken_sglang.core.copy_engine import CudaCopyEngine
+
+        bufs = [torch.zeros(1 << 16, 8, device="cuda") for _ in range(4)]
+        eng = CudaCopyEngine(bufs)
+        src = torch.arange(0, 4096, device="cuda")
+        dst = src + 8192
+        for b in bufs:  # the "forward" writes the sources on the current stream
+            torch.cuda._sleep(1_000_000)
+            b[src] = 7.0
+        t = eng.copy(src, dst)
+        eng.publish_after(t)
+        fence = eng.fence()
+        out = torch.stack([b[dst].sum() for b in bufs])  # the next "forward" reads the destinations
+        torch.cuda.synchronize()
+        assert fence.done() and bool((out == 7.0 * 4096 * 8).all())
+
+    def test_reclaimer_on_cuda_keeps_invariants(self):
+        from vtoken_sglang.core.copy_engine import CudaCopyEngine
+        from vtoken_sglang.core.reclaimer import Reclaimer
+        from vtoken_sglang.core.token_table import TokenTable
+
+        pool = PagePool(64, 4, reserve=4)
+        table = TokenTable(4, 256, pool)
+        kv = [torch.zeros(65 * 4, 3, device="cuda") for _ in range(2)]
+        rec = Reclaimer(table, CudaCopyEngine(kv), theta=0.0)
+        row = torch.tensor([0])
+        table.open_rows(row)
+        slots = table.alloc_slots(row, torch.tensor([32]))
+        for b in kv:
+            b[slots.cuda()] = stamp(torch.zeros(32, dtype=torch.int64), torch.arange(32)).cuda()
+        table.sync_new_tokens(row, torch.tensor([32]), slots)
+        pool.free(table.evict(torch.zeros(15, dtype=torch.int64), torch.arange(0, 30, 2)))
+        assert rec.step() is not None
+        torch.cuda.synchronize()
+        rec.step()
+        rec.step()
+        check_integrity(table, [b.cpu() for b in kv], stamp)
+        assert rec.stats.pages_reclaimed > 0
