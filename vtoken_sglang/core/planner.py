@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 
@@ -67,61 +68,84 @@ class Plan:
 
 
 def plan_reclaim(snap: Snapshot, max_moves: int | None = None) -> Plan:
-    """The plan that frees the most pages within the destination budget (see module docstring)."""
-    P = snap.page_size
-    live, owner = snap.live.cpu(), snap.owner.cpu()
-    eligible = (owner >= 0) & ~snap.blocked.cpu() & (live > 0) & (live < P)
-    pages = torch.nonzero(eligible).flatten()
-    if pages.numel() == 0 or snap.free_for_relocation <= 0:
+    """The plan that frees the most pages within the destination budget (see module docstring).
+
+    Per request, with its eligible pages sorted sparsest first, the gain of taking the first k is
+    ``g(k) = k - ceil(T(k) / P)``; since each page holds fewer than P live tokens, g never decreases in k. So the
+    best prefix that fits the budget B is the longest with ``T(k) <= B * P``, and the plan takes the shortest
+    prefix with the same gain. Both are found on a [rows, P] histogram of (owner, live count), without sorting
+    pages: a few vectorized passes over the page arrays plus O(rows * P). Runs in numpy on the host (the
+    snapshot is host data; numpy's per-call overhead is a fraction of torch's at these sizes)."""
+    P, B = snap.page_size, snap.free_for_relocation
+    live = snap.live.cpu().numpy().astype(np.int64)
+    owner = snap.owner.cpu().numpy().astype(np.int64)
+    eligible = (owner >= 0) & ~snap.blocked.cpu().numpy() & (live > 0) & (live < P)
+    if B <= 0:
         return Plan.empty(snap.epoch)
-    own, cnt = owner[pages].to(torch.int64), live[pages].to(torch.int64)
-    # sort by (owner, live, page id): page ids are already ascending, so two stable sorts suffice
-    order = torch.argsort(cnt, stable=True)
-    order = order[torch.argsort(own[order], stable=True)]
-    pages, own, cnt = pages[order], own[order], cnt[order]
-    # per-owner prefix: k (1-based) and cumulative live count within the owner's segment
-    seg_start = torch.ones_like(own, dtype=torch.bool)
-    seg_start[1:] = own[1:] != own[:-1]
-    seg_id = torch.cumsum(seg_start.to(torch.int64), 0) - 1
-    first = torch.nonzero(seg_start).flatten()
-    k = torch.arange(len(pages)) - first[seg_id] + 1
-    cum = torch.cumsum(cnt, 0)
-    cum = cum - torch.cat([cum.new_zeros(1), cum])[first][seg_id]
-    dst = (cum + P - 1) // P
-    gain = torch.where(dst <= snap.free_for_relocation, k - dst, torch.full_like(k, -1))  # prefixes that fit at all
-    n_seg = len(first)
-    best_gain = torch.full((n_seg,), -1, dtype=torch.int64).scatter_reduce(0, seg_id, gain, "amax")
-    # shortest prefix reaching the best gain: smallest k with gain == best
-    is_best = gain == best_gain[seg_id]
-    big = torch.iinfo(torch.int64).max
-    best_k = torch.full((n_seg,), big, dtype=torch.int64).scatter_reduce(0, seg_id, torch.where(is_best, k, big), "amin")
-    seg_rows = own[first]
-    seg_dst = (cum[first + best_k - 1] + P - 1) // P
-    seg_moves = cum[first + best_k - 1]
+    R = int(owner.max()) + 1
+    if R <= 0:
+        return Plan.empty(snap.epoch)
+    key = np.where(eligible, owner * P + live, R * P)  # ineligible pages go to a discarded bucket
+    hist = np.bincount(key, minlength=R * P + 1)[: R * P].reshape(R, P)  # pages per (owner, live count)
+    v = np.arange(P)
+    k_end = np.cumsum(hist, 1)  # pages taken once bucket v is taken whole
+    t_end = np.cumsum(hist * v, 1)  # tokens moved then
+    k_before, t_before = k_end - hist, t_end - hist * v
+    rr = np.arange(R)
+    # longest prefix within the budget: whole buckets while t_end <= B*P, then `partial` pages of the next one
+    cap = B * P
+    fit_v = (t_end <= cap).sum(1)
+    whole = fit_v >= P
+    fv = np.minimum(fit_v, P - 1)
+    tb, kb, hb = t_before[rr, fv], k_before[rr, fv], hist[rr, fv]
+    partial = np.minimum(np.maximum((cap - tb) // np.maximum(fv, 1), 0), hb)
+    k_max = np.where(whole, k_end[:, -1], kb + partial)
+    t_max = np.where(whole, t_end[:, -1], tb + partial * fv)
+    best = k_max - (t_max + P - 1) // P
+    # shortest prefix reaching `best`: first bucket whose end reaches it, then j* pages into that bucket
+    g_end = k_end - (t_end + P - 1) // P
+    cut_v = np.argmax((g_end >= best[:, None]) & (hist > 0), 1)
+    t0 = t_before[rr, cut_v]
+    need = t0 - P * (k_before[rr, cut_v] - best)
+    cut_j = np.maximum(-(-need // (P - cut_v)), 1)  # ceil(need / (P - v)), at least 1
+    moves = t0 + cut_j * cut_v
+    n_dst = (moves + P - 1) // P
     # admission: positive gain, by descending gain then row id, while destinations (and moves) fit
-    cand = torch.nonzero(best_gain > 0).flatten()
-    if cand.numel() == 0:
+    cand = np.nonzero(best > 0)[0]
+    if cand.size == 0:
         return Plan.empty(snap.epoch)
-    cand = cand[torch.argsort(seg_rows[cand], stable=True)]
-    cand = cand[torch.argsort(-best_gain[cand], stable=True)]
-    fits = torch.cumsum(seg_dst[cand], 0) <= snap.free_for_relocation
+    cand = cand[np.argsort(-best[cand], kind="stable")]
+    fits = np.cumsum(n_dst[cand]) <= B
     if max_moves is not None:
-        fits &= torch.cumsum(seg_moves[cand], 0) <= max_moves
-    fits = torch.cumprod(fits.to(torch.int64), 0).bool()  # stop at the first that does not fit
-    chosen = cand[fits]
-    if chosen.numel() == 0:
+        fits &= np.cumsum(moves[cand]) <= max_moves
+    chosen = np.sort(cand[np.cumprod(fits).astype(bool)])
+    if chosen.size == 0:
         return Plan.empty(snap.epoch)
-    chosen = chosen[torch.argsort(seg_rows[chosen])]
-    take = torch.zeros(n_seg, dtype=torch.bool)
+    take = np.zeros(R + 1, dtype=bool)
     take[chosen] = True
-    in_prefix = take[seg_id] & (k <= best_k[seg_id])
+    # materialize: the owner's pages below the cut bucket, and the first cut_j (by page id) in it
+    own = np.where(eligible, owner, R)
+    mine = take[own]
+    cut = np.append(cut_v, 0)[own]
+    sel = mine & (live < cut)
+    at_cut = np.nonzero(mine & (live == cut))[0]  # ascending page ids
+    if at_cut.size:
+        order = at_cut[np.argsort(own[at_cut], kind="stable")]  # page ids stay ascending within an owner
+        o = own[order]
+        start = np.ones(o.size, dtype=bool)
+        start[1:] = o[1:] != o[:-1]
+        first = np.nonzero(start)[0]
+        rank = np.arange(o.size) - first[np.cumsum(start) - 1]
+        sel[order[rank < cut_j[o]]] = True
+    pages = np.nonzero(sel)[0]
+    t = torch.from_numpy
     return Plan(
         epoch=snap.epoch,
-        rows=seg_rows[chosen],
-        n_dst=seg_dst[chosen],
-        src_pages=pages[in_prefix],
-        src_row=own[in_prefix],
-        src_live=cnt[in_prefix].to(torch.int32),
+        rows=t(chosen.astype(np.int64)),
+        n_dst=t(n_dst[chosen].astype(np.int64)),
+        src_pages=t(pages.astype(np.int64)),
+        src_row=t(owner[pages]),
+        src_live=t(live[pages].astype(np.int32)),
     )
 
 

@@ -54,7 +54,10 @@ class Reclaimer:
         grace_steps: int = 1,
         max_plan_lag: int = 0,
         enabled: bool = True,
+        keep_free: int = 0,
     ):
+        """``keep_free``: free pages relocation leaves to the engine's next allocations (beyond the pool's reserve,
+        which relocation may always use): the bounded evacuation headroom."""
         self.table = table
         self.pool: PagePool = table.pages
         self.engine = engine
@@ -63,6 +66,7 @@ class Reclaimer:
         self.grace_steps = grace_steps
         self.max_plan_lag = max_plan_lag
         self.enabled = enabled
+        self.keep_free = keep_free
         self.epoch = 0
         self.stats = ReclaimStats()
         self.planner_ms_samples: list[float] = []
@@ -76,15 +80,19 @@ class Reclaimer:
             return False
         return self.pool.fragmentation() > self.theta or self.pool.num_free() <= self.low_watermark
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, copy: bool = True) -> Snapshot:
+        """The planner's input. ``copy=False`` shares the pool's live/owner tensors (an inline plan made and
+        applied before anything changes); a snapshot sent elsewhere must be a copy."""
         blocked = self.pool.in_flight.clone()
         blocked[self.table.tail_pages()] = True
-        return Snapshot(self.epoch, self.pool.page_size, self.pool.live.clone(), self.pool.owner.clone(), blocked,
-                        self.pool.num_free(for_relocation=True))
+        free = self.pool.num_free(for_relocation=True)
+        budget = max(min(free, self.pool.reserve), free - self.keep_free)
+        live, owner = (self.pool.live.clone(), self.pool.owner.clone()) if copy else (self.pool.live, self.pool.owner)
+        return Snapshot(self.epoch, self.pool.page_size, live, owner, blocked, budget)
 
     def plan(self) -> Plan:
         t0 = time.perf_counter()
-        plan = plan_reclaim(self.snapshot())
+        plan = plan_reclaim(self.snapshot(copy=False))
         ms = (time.perf_counter() - t0) * 1e3
         self.stats.planner_ms += ms
         self.stats.planner_calls += 1
@@ -169,5 +177,6 @@ class Reclaimer:
             plan = self.plan()
             if not plan.is_empty() and self.apply(plan):
                 applied = plan
+                self.release_ready()  # a synchronous engine (grace_steps=0) gets its sources back at once
         self.epoch += 1
         return applied
