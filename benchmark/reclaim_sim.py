@@ -58,8 +58,9 @@ class Setting:
     slack: int = 16
     sinks: int = 4
     recent: int = 64
-    theta: float = 0.25
-    reserve: int = 32
+    theta: float = 0.05
+    reserve: int = 8
+    rounds: int = 8
     score_every: int = 1
     seed: int = 0
 
@@ -88,7 +89,7 @@ class Sim:
         # The simulated engine is synchronous (no forward in flight reads the old rows), so sources are freed
         # right after their copy (grace 0); SGLang's overlap scheduler needs grace 1 (see the integration).
         self.reclaimer = Reclaimer(self.table, CpuCopyEngine(kv), theta=s.theta, enabled=mode == "vtoken", keep_free=keep,
-                                   low_watermark=keep, grace_steps=0)
+                                   low_watermark=keep, grace_steps=0, max_rounds=s.rounds)
         self.f_samples: list[float] = []
         self.step_no = 0
 
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4K contexts, fewer decode steps (same record fields)")
     ap.add_argument("--json", type=Path, help="write {'runs': [...]} here")
-    ap.add_argument("--theta", type=float, default=0.25)
+    ap.add_argument("--theta", type=float, default=Setting.theta, help="reclaim trigger on F (the paper used 0.25)")
     ap.add_argument("--policies", nargs="+", default=["random", "h2o", "scissorhands", "streaming"])
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.3, 0.5, 0.7])
     args = ap.parse_args(argv)

@@ -103,7 +103,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("vtoken_recent", 64, "Most recent tokens always kept (recent window). Default: 64.", _parse_int(0)),
     Option("vtoken_sinks", 4, "First tokens always kept (attention sinks). Default: 4.", _parse_int(0)),
     Option("vtoken_reclaim", True, "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation). Default: on.", _parse_on_off),
-    Option("vtoken_theta", 0.25, "Fragmentation F above which reclaim is planned, in [0, 1]. Default: 0.25.", _parse_float(0.0, 1.0)),
+    Option("vtoken_theta", 0.05, "Fragmentation F above which reclaim is planned, in [0, 1]. Default: 0.05 (the paper: 0.25).", _parse_float(0.0, 1.0)),
     Option("vtoken_planner", "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline. Default: inline.", _parse_choice(PLANNERS)),
     Option("vtoken_seed", 0, "Seed of the random policy (identical on every TP rank). Default: 0.", _parse_int(0)),
 )
@@ -122,7 +122,7 @@ class VTokenConfig:
     vtoken_recent: int = 64
     vtoken_sinks: int = 4
     vtoken_reclaim: bool = True
-    vtoken_theta: float = 0.25
+    vtoken_theta: float = 0.05
     vtoken_planner: str = "inline"
     vtoken_seed: int = 0
 

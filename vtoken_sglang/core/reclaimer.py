@@ -49,15 +49,18 @@ class Reclaimer:
         self,
         table: TokenTable,
         engine: CopyEngine,
-        theta: float = 0.25,
+        theta: float = 0.05,
         low_watermark: int = 0,
         grace_steps: int = 1,
         max_plan_lag: int = 0,
         enabled: bool = True,
         keep_free: int = 0,
+        max_rounds: int = 1,
     ):
         """``keep_free``: free pages relocation leaves to the engine's next allocations (beyond the pool's reserve,
-        which relocation may always use): the bounded evacuation headroom."""
+        which relocation may always use): the bounded evacuation headroom. ``max_rounds``: plans per step; rounds
+        after the first happen only when sources come back at once (``grace_steps == 0``, a synchronous engine),
+        so the reserve refills between rounds."""
         self.table = table
         self.pool: PagePool = table.pages
         self.engine = engine
@@ -67,6 +70,7 @@ class Reclaimer:
         self.max_plan_lag = max_plan_lag
         self.enabled = enabled
         self.keep_free = keep_free
+        self.max_rounds = max_rounds
         self.epoch = 0
         self.stats = ReclaimStats()
         self.planner_ms_samples: list[float] = []
@@ -169,14 +173,17 @@ class Reclaimer:
 
     # ------------------------------------------------------------------ the loop
 
-    def step(self) -> Plan | None:
-        """One engine step: release what is due, plan and apply if triggered, advance the epoch."""
+    def step(self) -> list[Plan]:
+        """One engine step: release what is due, plan and apply while triggered (up to ``max_rounds``), advance
+        the epoch. Returns the plans applied."""
         self.release_ready()
-        applied = None
-        if self.needs_reclaim():
+        applied: list[Plan] = []
+        rounds = self.max_rounds if self.grace_steps == 0 else 1
+        while len(applied) < rounds and self.needs_reclaim():
             plan = self.plan()
-            if not plan.is_empty() and self.apply(plan):
-                applied = plan
-                self.release_ready()  # a synchronous engine (grace_steps=0) gets its sources back at once
+            if plan.is_empty() or not self.apply(plan):
+                break
+            applied.append(plan)
+            self.release_ready()  # a synchronous engine (grace_steps=0) gets its sources back at once
         self.epoch += 1
         return applied
