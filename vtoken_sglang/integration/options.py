@@ -98,9 +98,20 @@ def stage_engine_config(raw: dict[str, Any], defer_errors: bool = False) -> None
         _pending_engine_error = err
 
 
+_CHECKED_FIELDS = {
+    "page_size": None, "speculative_algorithm": None, "enable_hierarchical_cache": False, "enable_unified_memory": False,
+    "disaggregation_mode": "null", "attention_backend": None, "decode_attention_backend": None,
+    "prefill_attention_backend": None, "device": None,
+}
+
+
 def engine_init(original, self, *args, **kwargs):
-    """AROUND ``Engine.__init__``: vToken keywords never reach ``ServerArgs(**kwargs)``."""
+    """AROUND ``Engine.__init__``: vToken keywords never reach ``ServerArgs(**kwargs)``; a bad combination with
+    SGLang's keywords fails here, before SGLang starts anything (the launch hook checks the full record again)."""
     stage_engine_config(pop_engine_kwargs(kwargs))
+    if _pending_engine_config is not None and _pending_engine_config.enabled and "server_args" not in kwargs:
+        probe = argparse.Namespace(**{name: kwargs.get(name, default) for name, default in _CHECKED_FIELDS.items()})
+        check_sglang_args(probe, _pending_engine_config, kwarg_display)
     return original(self, *args, **kwargs)
 
 
