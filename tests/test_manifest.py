@@ -13,7 +13,7 @@ from vtoken_sglang.integration import manifest, plugin
 
 
 def test_manifest_lists_exactly_the_registered_hooks():
-    hooks = {**plugin.OPTION_HOOKS, **plugin.SERVING_HOOKS}
+    hooks = {**plugin.OPTION_HOOKS, **plugin._serving_hooks()}
     listed = {e.target: e.hook for e in manifest.entries()}
     assert listed == {target: kind.lower() for target, (kind, _fn) in hooks.items()}
     for e in manifest.entries():

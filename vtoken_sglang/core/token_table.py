@@ -48,15 +48,18 @@ class TokenTable:
         self.live_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         self.logical_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         self.active = torch.zeros(num_rows, dtype=torch.bool, device=dev)
+        self.row_key = torch.arange(num_rows, dtype=torch.int64, device=dev)  # per-request identity for policies
 
     # ------------------------------------------------------------------ request lifetime
 
-    def open_rows(self, rows: torch.Tensor) -> None:
-        """Start requests in ``rows`` (empty rows)."""
+    def open_rows(self, rows: torch.Tensor, keys: torch.Tensor | None = None) -> None:
+        """Start requests in ``rows`` (empty rows). ``keys``: a stable identity per request (default: the row),
+        so that policies decide the same whatever row an engine gives the request."""
         assert not bool(self.active[rows].any()), "row already in use"
         self.active[rows] = True
         self.live_len[rows] = 0
         self.logical_len[rows] = 0
+        self.row_key[rows] = rows.to(torch.int64) if keys is None else keys.to(torch.int64)
 
     def close_row(self, row: int) -> torch.Tensor:
         """End a request: drop its entries and return the private pages it held (the caller frees them, after
@@ -101,10 +104,12 @@ class TokenTable:
         self.sync_new_tokens(rows, counts, slots)
         return slots
 
-    def sync_new_tokens(self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+    def sync_new_tokens(self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor | None = None,
+                        claim_pages: bool = False) -> None:
         """Register ``counts[i]`` newly written tokens of request ``rows[i]`` at the end of its row (logical ids
         ``logical_len ...``). ``slots``: their KV slots, concatenated in row order; ``None`` when the engine already
-        wrote them into the row store (SGLang writes ``req_to_token`` itself)."""
+        wrote them into the row store (SGLang writes ``req_to_token`` itself). ``claim_pages``: pages of the new
+        slots that the pool does not track yet (allocated by the engine) become owned by their row."""
         counts = counts.to(torch.int64)
         total = int(counts.sum())
         if total == 0:
@@ -120,6 +125,10 @@ class TokenTable:
         self.logical[r, col] = (self.logical_len[r] + k).to(torch.int32)
         for t in self.state.values():
             t[r, col] = 0
+        if claim_pages:
+            pages = new_slots // self.page_size
+            untracked = self.pages.owner[pages] == -1
+            self.pages.owner[pages[untracked]] = r[untracked].to(torch.int32)
         self.pages.add_live(new_slots, +1)
         self.live_len.index_add_(0, rows.to(torch.int64), counts)
         self.logical_len.index_add_(0, rows.to(torch.int64), counts)

@@ -188,5 +188,8 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     if server_args.attention_backend is None:
         on_cpu = server_args.device == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
         server_args.attention_backend = "torch_native" if on_cpu else "flashinfer"
+    # Until the event-ordered copy path lands, vToken edits rows between steps with no forward in flight.
+    if not getattr(server_args, "disable_overlap_schedule", True):
+        server_args.disable_overlap_schedule = True
     if cfg.vtoken_planner == "worker":
         raise ConfigError(f"{display('vtoken_planner')} worker: the compaction worker is not available in this version; use inline")

@@ -31,17 +31,10 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
 }
 
 
-def _log_scheduler_config(result, scheduler, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.__init__``: say in the scheduler's log which vToken configuration it runs with."""
-    from sglang.srt.runtime_context import get_parallel
+def _serving_hooks() -> dict[str, tuple[str, Callable]]:
+    from vtoken_sglang.integration.serving_hooks import HOOKS
 
-    cfg = options.current_config(scheduler.server_args)
-    logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
-
-
-SERVING_HOOKS: dict[str, tuple[str, Callable]] = {
-    "sglang.srt.managers.scheduler.Scheduler.__init__": ("AFTER", _log_scheduler_config),
-}
+    return HOOKS
 
 
 def _is_user_process() -> bool:
@@ -98,7 +91,7 @@ def register() -> None:
     if _is_user_process():
         hooks.update(OPTION_HOOKS)
     if cfg.enabled:
-        hooks.update(SERVING_HOOKS)
+        hooks.update(_serving_hooks())
     if not hooks:
         return
     try:

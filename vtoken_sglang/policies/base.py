@@ -44,6 +44,7 @@ class RowBlock:
     """The live rows of ``rows`` as a dense block ``[k, width]`` (``valid`` marks real entries)."""
 
     rows: torch.Tensor
+    keys: torch.Tensor  # the table's stable per-request keys of ``rows``
     valid: torch.Tensor
     logical: torch.Tensor
     logical_len: torch.Tensor
@@ -54,7 +55,7 @@ class RowBlock:
 def row_block(table: TokenTable, rows: torch.Tensor) -> RowBlock:
     width = max(int(table.live_len[rows].max()), 1)
     valid = torch.arange(width, device=rows.device)[None, :] < table.live_len[rows][:, None]
-    return RowBlock(rows, valid, table.logical[rows, :width].to(torch.int64), table.logical_len[rows],
+    return RowBlock(rows, table.row_key[rows], valid, table.logical[rows, :width].to(torch.int64), table.logical_len[rows],
                     table.live_len[rows], {k: v[rows, :width] for k, v in table.state.items()})
 
 
@@ -83,8 +84,9 @@ class Policy(abc.ABC):
             b = torch.ceil(logical_len.to(torch.float64) * c.budget_ratio).to(torch.int64)
         return torch.clamp(b, min=floor)
 
-    def select_victims(self, table: TokenTable, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Victims ``(rows, cols)`` of the requests in ``rows`` that exceed their budget plus slack."""
+    def select_victims(self, table: TokenTable, rows: torch.Tensor, protect_cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Victims ``(rows, cols)`` of the requests in ``rows`` that exceed their budget plus slack.
+        ``protect_cols[i]``: columns below it are kept too (an engine's shared prefix)."""
         empty = (rows.new_empty(0), rows.new_empty(0))
         if rows.numel() == 0:
             return empty
@@ -93,15 +95,19 @@ class Policy(abc.ABC):
         rows, budget = rows[over], budget[over]
         if rows.numel() == 0:
             return empty
+        floor = protect_cols[over] if protect_cols is not None else None
         block = row_block(table, rows)
         n_evict = block.live_len - budget
         protected = ~block.valid | (block.logical < self.cfg.sinks) | (block.logical >= (block.logical_len - self.cfg.recent)[:, None])
         protected[torch.arange(len(rows)), block.live_len - 1] = True
+        if floor is not None:
+            protected |= torch.arange(protected.shape[1], device=rows.device)[None, :] < floor[:, None]
         score = self.keep_score(block).to(torch.float64).masked_fill(protected, math.inf)
         # lowest score first; among equals, the oldest (a stable sort keeps column order)
         order = torch.argsort(score, dim=1, stable=True)
+        n_evict = torch.minimum(n_evict, (~protected).sum(1))  # a protected prefix can leave fewer candidates
         take = torch.arange(score.shape[1], device=rows.device)[None, :] < n_evict[:, None]
         r_i, rank = torch.nonzero(take, as_tuple=True)
         cols = order[r_i, rank]
-        assert not bool(protected[r_i, cols].any()), "budget too small for the protected entries"
+        assert not bool(protected[r_i, cols].any())
         return rows[r_i], cols

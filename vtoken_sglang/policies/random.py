@@ -1,8 +1,8 @@
 """``random``: evict uniformly random unprotected tokens, reproducibly.
 
-A token's score is a hash of (seed, row, logical id): the same on every TP rank, whatever the batch holds, and
-the same with reclaim on or off (relocation changes slots, not logical ids), so Naive-Evict and vToken evict the
-same victims.
+A token's score is a hash of (seed, request key, logical id): the same on every TP rank, whatever the batch holds
+or which row the request got, and the same with reclaim on or off (relocation changes slots, not logical ids), so
+Naive-Evict and vToken evict the same victims.
 """
 
 import torch
@@ -25,4 +25,4 @@ class RandomPolicy(Policy):
     name = "random"
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
-        return mix_hash(self.cfg.seed, block.rows.to(torch.int64), block.logical).to(torch.float64)
+        return mix_hash(self.cfg.seed, block.keys, block.logical).to(torch.float64)

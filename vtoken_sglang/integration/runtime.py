@@ -1,0 +1,209 @@
+"""vToken inside one SGLang scheduler process: the core's Token Table over SGLang's ``req_to_token``, its page
+accounting over SGLang's allocator, the policy and the reclaimer; and the operations the hooks call.
+
+Which rows vToken manages: a request becomes *managed* the first time it exceeds its budget during decode. Until
+then its row is exactly upstream's (dense, insertable in the radix tree). From then on:
+- its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order; ``seq_len`` = live count;
+- ``req.skip_radix_cache_insert`` is set (its row no longer matches its token ids);
+- the tree-owned prefix ``[0, cache_protected_len)`` is never evicted, moved or freed (Option A of the map);
+- its private pages are tracked in ``SglangPagePool`` (owner = row, live counts);
+- positions come from the Token Table (``logical_len``), its next slot from the tail-page rule, and its pages are
+  released by vToken (SGLang's segment free assumes dense rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import numpy as np
+import torch
+
+from vtoken_sglang.config import VTokenConfig
+from vtoken_sglang.core.copy_engine import make_copy_engine
+from vtoken_sglang.core.pages import FREE, OutOfPages, PagePool
+from vtoken_sglang.core.reclaimer import Reclaimer
+from vtoken_sglang.core.token_table import TokenTable
+from vtoken_sglang.policies import PolicyConfig, make_policy
+
+logger = logging.getLogger("vtoken_sglang")
+
+
+def request_key(req) -> int:
+    """A request's identity for policies: a hash of its prompt token ids. The same on every TP rank, in every run,
+    with reclaim on or off, and whatever row the request gets (rids are random; rows depend on timing)."""
+    return zlib.crc32(np.asarray(req.origin_input_ids, dtype=np.int64).tobytes())
+
+
+class SglangPagePool(PagePool):
+    """Owners and live counts of the pages vToken tracks; the free list stays SGLang's allocator's.
+
+    Untracked pages (free, tree-owned, or of unmanaged requests) have owner ``FREE`` here."""
+
+    def __init__(self, allocator, reserve: int, device: torch.device):
+        super().__init__(allocator.size // allocator.page_size, allocator.page_size, reserve=reserve, device=device)
+        self._free = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.allocator = allocator
+
+    def num_free(self, for_relocation: bool = False) -> int:
+        pages = self.allocator.available_size() // self.page_size
+        return pages if for_relocation else max(0, pages - self.reserve)
+
+    def alloc(self, n: int, owner, for_relocation: bool = False) -> torch.Tensor:
+        if n == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        if n > self.num_free(for_relocation):
+            raise OutOfPages(f"need {n} pages, {self.num_free(for_relocation)} available")
+        slots = self.allocator.alloc(n * self.page_size)
+        if slots is None:
+            raise OutOfPages(f"SGLang's allocator refused {n} pages")
+        pages = (slots[:: self.page_size] // self.page_size).to(self.device, torch.int64)
+        self.owner[pages] = owner.to(self.device, torch.int32) if isinstance(owner, torch.Tensor) else owner
+        return pages
+
+    def free(self, pages: torch.Tensor) -> None:
+        if pages.numel() == 0:
+            return
+        pages = pages.to(self.device, torch.int64)
+        assert bool((self.owner[pages] >= 0).all()), "freeing an untracked page"
+        assert bool((self.live[pages] == 0).all()) and not bool(self.in_flight[pages].any())
+        self.owner[pages] = FREE
+        self.allocator.free_page_ids(pages.to(self.allocator.device))
+
+    def used_pages(self) -> int:
+        return int((self.owner >= 0).sum())
+
+
+class VTokenRuntime:
+    def __init__(self, cfg: VTokenConfig, req_to_token_pool, allocator, kv_pool):
+        self.cfg = cfg
+        self.allocator = allocator
+        self.req_to_token = req_to_token_pool.req_to_token
+        dev = self.req_to_token.device
+        self.page_size = allocator.page_size
+        self.policy = make_policy(cfg.vtoken_policy, PolicyConfig(
+            budget=cfg.vtoken_budget, budget_ratio=cfg.vtoken_budget_ratio, sinks=cfg.vtoken_sinks,
+            recent=cfg.vtoken_recent, slack=max(self.page_size, 16), seed=cfg.vtoken_seed,
+        )) if cfg.vtoken_policy != "none" else None
+        self.pool = SglangPagePool(allocator, reserve=0, device=dev)
+        rows, width = self.req_to_token.shape
+        self.table = TokenTable(rows, width, self.pool, slots=self.req_to_token,
+                                state_names=self.policy.state_names if self.policy else ())
+        buffers = list(kv_pool.k_buffer) + list(kv_pool.v_buffer)
+        # Non-overlapped scheduling: no forward is in flight when plans are applied, so sources are free at once.
+        self.reclaimer = Reclaimer(self.table, make_copy_engine(buffers), theta=cfg.vtoken_theta,
+                                   grace_steps=0, enabled=cfg.vtoken_reclaim)
+        self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)  # logical_len - live_len per row
+        self.tokens_evicted = 0
+        self.requests_managed = 0
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def is_managed(self, row: int) -> bool:
+        return bool(self.table.active[row])
+
+    def _manage(self, reqs: list) -> None:
+        """Start tracking requests whose rows are still dense (upstream's)."""
+        rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64, device=self.table.slots.device)
+        lens = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64, device=rows.device)
+        keys = torch.tensor([request_key(r) for r in reqs], dtype=torch.int64, device=rows.device)
+        self.table.open_rows(rows, keys)
+        protected = torch.tensor([r.kv.cache_protected_len for r in reqs], dtype=torch.int64, device=rows.device)
+        # register the whole row; only the request's own pages (past the tree prefix) are claimed and counted
+        self.table.sync_new_tokens(rows, protected)
+        self.table.sync_new_tokens(rows, lens - protected, claim_pages=True)
+        for r in reqs:
+            r.skip_radix_cache_insert = True
+        self.requests_managed += len(reqs)
+
+    def release(self, req) -> None:
+        """Before SGLang releases a managed request: free its private pages here and leave SGLang nothing of the
+        row to free past the tree prefix (its segment free assumes a dense row)."""
+        row = req.kv.req_pool_idx
+        pages = self.table.close_row(row)
+        self.pool.live[pages] = 0
+        self.pool.free(pages)
+        self.offset[row] = 0
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = req.kv.cache_protected_len
+
+    # ------------------------------------------------------------------ per step
+
+    def after_decode_alloc(self, batch) -> None:
+        """``prepare_for_decode`` wrote one new slot per request at column ``seq_len``: register it."""
+        rows = batch.req_pool_indices.to(torch.int64)
+        managed = self.table.active[rows]
+        if bool(managed.any()):
+            rows = rows[managed]
+            self.table.sync_new_tokens(rows, torch.ones_like(rows), claim_pages=True)
+
+    def evict(self, batch) -> None:
+        """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch."""
+        if self.policy is None:
+            return
+        reqs = [r for r in batch.reqs if not r.finished() and r.kv.req_pool_idx is not None]
+        if not reqs:
+            return
+        logical = torch.tensor([self._logical_len(r) for r in reqs])
+        budget = self.policy.budget(logical)
+        live = torch.tensor([r.kv.kv_committed_len for r in reqs])
+        over = [r for r, lv, b in zip(reqs, live.tolist(), budget.tolist()) if lv > b + self.policy.cfg.slack]
+        new = [r for r in over if not self.is_managed(r.kv.req_pool_idx)]
+        if new:
+            self._manage(new)
+        if not over:
+            return
+        dev = self.table.slots.device
+        rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=dev)
+        protect = torch.tensor([r.kv.cache_protected_len for r in over], dtype=torch.int64, device=dev)
+        vr, vc = self.policy.select_victims(self.table, rows, protect_cols=protect)
+        if vr.numel():
+            self.pool.free(self.table.evict(vr, vc))
+            self.tokens_evicted += int(vr.numel())
+        self.reclaimer.step()
+        self._publish_lengths(batch)
+        self.rounds += 1
+        if self.rounds % 20 == 1:
+            logger.info("[vtoken] %s", self.metrics())
+
+    def _logical_len(self, req) -> int:
+        row = req.kv.req_pool_idx
+        return int(self.table.logical_len[row]) if self.is_managed(row) else req.kv.kv_committed_len
+
+    def _publish_lengths(self, batch) -> None:
+        """Write the Token Table's live lengths back into the batch and the requests (the rows already are)."""
+        rows = batch.req_pool_indices.to(torch.int64)
+        managed = self.table.active[rows]
+        if not bool(managed.any()):
+            return
+        live = torch.where(managed, self.table.live_len[rows], batch.seq_lens.to(torch.int64))
+        self.offset[rows[managed]] = (self.table.logical_len[rows] - self.table.live_len[rows])[managed]
+        batch.seq_lens = live.to(batch.seq_lens.dtype)
+        batch.seq_lens_cpu = live.cpu().to(batch.seq_lens_cpu.dtype)
+        batch.orig_seq_lens = live.to(batch.orig_seq_lens.dtype)
+        batch.seq_lens_sum = None
+        for req, n, m in zip(batch.reqs, live.tolist(), managed.tolist()):
+            if m:
+                req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+
+    # ------------------------------------------------------------------ allocation and positions
+
+    def next_slots(self, last_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tail-page rule for one new token per request: ``last + 1`` while the page has room, else a new
+        page. Returns (needs a new page, the slot when it does not)."""
+        need = (last_loc + 1) % self.page_size == 0
+        return need, last_loc + 1
+
+    def decode_positions_offset(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        return self.offset[req_pool_indices.to(torch.int64)]
+
+    def metrics(self) -> dict:
+        st = self.reclaimer.stats
+        return {
+            "live_tokens": int(self.table.live_len[self.table.active].sum()),
+            "allocated_pages": self.pool.used_pages(),
+            "fragmentation": round(self.pool.fragmentation(), 4),
+            "tokens_evicted": self.tokens_evicted,
+            "requests_managed": self.requests_managed,
+            **st.as_dict(),
+        }

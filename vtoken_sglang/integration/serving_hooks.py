@@ -1,0 +1,102 @@
+"""The serving hooks: registered only in scheduler processes of a server started with ``--enable-vtoken``.
+
+Each function names the upstream symbol it hooks (all listed, fingerprinted, in ``patches/manifest.json``). They
+find the process's ``VTokenRuntime`` in ``RUNTIME`` (one scheduler per process).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vtoken_sglang.integration import options
+from vtoken_sglang.integration.runtime import VTokenRuntime
+
+logger = logging.getLogger("vtoken_sglang")
+
+RUNTIME: VTokenRuntime | None = None
+
+
+def scheduler_init(result, scheduler, *args, **kwargs) -> None:
+    """AFTER ``Scheduler.__init__``: build the runtime over this scheduler's pools."""
+    global RUNTIME
+    from sglang.srt.runtime_context import get_parallel
+
+    cfg = options.current_config(scheduler.server_args)
+    allocator = scheduler.token_to_kv_pool_allocator
+    RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
+    scheduler._vtoken = RUNTIME
+    logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
+
+
+def alloc_decode(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs):
+    """REPLACE-like AROUND ``PagedTokenToKVPoolAllocator.alloc_decode``: the next slot of a request is
+    ``last_loc + 1`` while its tail page has room, else the first slot of a new page. Upstream derives this from
+    ``seq_len % page_size``, which no longer holds once a row is compacted. Same contract: None when out of pages."""
+    if args or kwargs:
+        return original(allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs)
+    P = allocator.page_size
+    need = (last_loc + 1) % P == 0
+    n_new = int(need.sum())
+    out = (last_loc + 1).to(torch.int64)
+    if n_new:
+        slots = allocator.alloc(n_new * P)
+        if slots is None:
+            return None
+        out[need] = slots[::P].to(out.dtype)
+    return out
+
+
+def new_tokens_required_next_decode(original, batch, selected_indices=None):
+    """AROUND ``ScheduleBatch.new_tokens_required_next_decode``: count new pages by the tail-page rule."""
+    if not batch.spec_algorithm.is_none() or RUNTIME is None:
+        return original(batch, selected_indices)
+    reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
+    if not reqs:
+        return 0
+    P = batch.token_to_kv_pool_allocator.page_size
+    rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64)
+    cols = torch.tensor([r.kv.kv_committed_len - 1 for r in reqs], dtype=torch.int64)
+    last = RUNTIME.req_to_token[rows.to(RUNTIME.req_to_token.device), cols.to(RUNTIME.req_to_token.device)]
+    from sglang.srt.managers import schedule_batch
+
+    beam_rows = schedule_batch.num_beam_member_rows(reqs)
+    return int(((last.to(torch.int64) + 1) % P == 0).sum()) * P + beam_rows
+
+
+def prepare_for_decode(result, batch, *args, **kwargs) -> None:
+    """AFTER ``ScheduleBatch.prepare_for_decode``: register the new slot of every managed request."""
+    if RUNTIME is not None and batch.spec_algorithm.is_none():
+        RUNTIME.after_decode_alloc(batch)
+
+
+def forward_batch_init_new(ret, batch, model_runner, *args, **kwargs):
+    """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts."""
+    if RUNTIME is not None and ret.forward_mode.is_decode() and ret.positions is not None:
+        ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
+    return ret
+
+
+def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
+    """AFTER ``Scheduler.process_batch_result``: after a decode step, evict over-budget requests and reclaim."""
+    if RUNTIME is not None and batch is not None and batch.forward_mode.is_decode():
+        RUNTIME.evict(batch)
+
+
+def release_kv_cache(original, req, tree_cache, *args, **kwargs):
+    """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
+    if RUNTIME is not None and req.kv.req_pool_idx is not None and RUNTIME.is_managed(req.kv.req_pool_idx):
+        RUNTIME.release(req)
+    return original(req, tree_cache, *args, **kwargs)
+
+
+HOOKS = {
+    "sglang.srt.managers.scheduler.Scheduler.__init__": ("AFTER", scheduler_init),
+    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": ("AROUND", alloc_decode),
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.new_tokens_required_next_decode": ("AROUND", new_tokens_required_next_decode),
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode": ("AFTER", prepare_for_decode),
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", forward_batch_init_new),
+    "sglang.srt.managers.scheduler.Scheduler.process_batch_result": ("AFTER", process_batch_result),
+    "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", release_kv_cache),
+}
