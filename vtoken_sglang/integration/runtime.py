@@ -97,6 +97,8 @@ class VTokenRuntime:
         self.tokens_evicted = 0
         self.requests_managed = 0
         self.rounds = 0
+        self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
+        self.peak_tracked_pages = 0  # pages of managed requests
 
     # ------------------------------------------------------------------ requests
 
@@ -163,6 +165,9 @@ class VTokenRuntime:
         self.reclaimer.step()
         self._publish_lengths(batch)
         self.rounds += 1
+        used = self.pool.num_pages - self.allocator.available_size() // self.page_size
+        self.peak_pool_pages = max(self.peak_pool_pages, used)
+        self.peak_tracked_pages = max(self.peak_tracked_pages, self.pool.used_pages())
         if self.rounds % 20 == 1:
             logger.info("[vtoken] %s", self.metrics())
 
@@ -205,5 +210,8 @@ class VTokenRuntime:
             "fragmentation": round(self.pool.fragmentation(), 4),
             "tokens_evicted": self.tokens_evicted,
             "requests_managed": self.requests_managed,
+            "resident_dead_tokens": int(self.pool.used_pages() * self.page_size - self.pool.live[self.pool.owner >= 0].sum()),
+            "peak_pool_pages": self.peak_pool_pages,
+            "peak_tracked_pages": self.peak_tracked_pages,
             **st.as_dict(),
         }

@@ -91,6 +91,14 @@ def release_kv_cache(original, req, tree_cache, *args, **kwargs):
     return original(req, tree_cache, *args, **kwargs)
 
 
+def get_internal_state(result, scheduler, *args, **kwargs):
+    """AFTER ``Scheduler.get_internal_state``: vToken's metrics under ``"vtoken"`` (``/get_server_info`` shows
+    them in ``internal_states``)."""
+    if RUNTIME is not None and isinstance(getattr(result, "internal_state", None), dict):
+        result.internal_state["vtoken"] = RUNTIME.metrics()
+    return result
+
+
 HOOKS = {
     "sglang.srt.managers.scheduler.Scheduler.__init__": ("AFTER", scheduler_init),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": ("AROUND", alloc_decode),
@@ -99,4 +107,5 @@ HOOKS = {
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", forward_batch_init_new),
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result": ("AFTER", process_batch_result),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", release_kv_cache),
+    "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("AFTER", get_internal_state),
 }
