@@ -20,6 +20,7 @@ BAD_CLI = [
     (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
     (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
     (["--enable-vtoken", "--vtoken-planner", "worker"], "--vtoken-planner worker: the compaction worker is not available"),
+    (["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512"], "--vtoken-policy h2o: attention-score collection is not in the server yet"),
 ]
 
 

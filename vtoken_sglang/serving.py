@@ -35,6 +35,9 @@ def cpu_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not _has_cuda():
         env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        # torch's CUDA wheel ships libnccl, and SGLang would build a NCCL communicator for --tp > 1 on a CPU
+        # device (and fail); a path that does not load makes it fall back to gloo, as CPU serving needs.
+        env.setdefault("SGLANG_NCCL_SO_PATH", "/nonexistent/no-nccl-on-cpu.so")
     env.update(extra or {})
     return env
 

@@ -23,6 +23,7 @@ from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, ConfigError, 
 logger = logging.getLogger(__name__)
 
 VERIFIED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
+SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores the server does not collect yet
 DEFAULT_PAGE_SIZE = 16
 CONFIG_ATTR = "_vtoken_config"  # bookkeeping attribute on ServerArgs (pickled into child processes)
 
@@ -191,5 +192,10 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     # Until the event-ordered copy path lands, vToken edits rows between steps with no forward in flight.
     if not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
+    if cfg.vtoken_policy in SCORE_POLICIES:
+        raise ConfigError(
+            f"{display('vtoken_policy')} {cfg.vtoken_policy}: attention-score collection is not in the server yet; "
+            "use random or streaming (score-based policies run in benchmark/reclaim_sim.py)"
+        )
     if cfg.vtoken_planner == "worker":
         raise ConfigError(f"{display('vtoken_planner')} worker: the compaction worker is not available in this version; use inline")

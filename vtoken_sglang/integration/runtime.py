@@ -25,6 +25,7 @@ from vtoken_sglang.core.pages import FREE, OutOfPages, PagePool
 from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.policies import PolicyConfig, make_policy
+from vtoken_sglang.policies.random import mix_hash
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -99,6 +100,9 @@ class VTokenRuntime:
         self.rounds = 0
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
         self.peak_tracked_pages = 0  # pages of managed requests
+        self.reclaim_on_pressure = 0  # reclaims forced by a decode step that would not fit
+        self.digest = {"victims": 0, "plans": 0}
+        self.logged_rounds = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -160,9 +164,11 @@ class VTokenRuntime:
         protect = torch.tensor([r.kv.cache_protected_len for r in over], dtype=torch.int64, device=dev)
         vr, vc = self.policy.select_victims(self.table, rows, protect_cols=protect)
         if vr.numel():
+            self._fold(self.table.row_key[vr], self.table.logical[vr, vc].to(torch.int64), "victims")
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
-        self.reclaimer.step()
+        for plan in self.reclaimer.step():
+            self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
         self._publish_lengths(batch)
         self.rounds += 1
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
@@ -170,6 +176,11 @@ class VTokenRuntime:
         self.peak_tracked_pages = max(self.peak_tracked_pages, self.pool.used_pages())
         if self.rounds % 20 == 1:
             logger.info("[vtoken] %s", self.metrics())
+
+    def _fold(self, a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+        """Order-independent digest of decisions (victims, plans), compared across TP ranks by the tests."""
+        h = int(mix_hash(17, a.to(torch.int64).cpu()[None, :], b.to(torch.int64).cpu()[None, :]).sum()) % (1 << 61)
+        self.digest[name] = (self.digest[name] + h) % (1 << 61)
 
     def _logical_len(self, req) -> int:
         row = req.kv.req_pool_idx
@@ -190,6 +201,30 @@ class VTokenRuntime:
         for req, n, m in zip(batch.reqs, live.tolist(), managed.tolist()):
             if m:
                 req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+
+    # ------------------------------------------------------------------ admission
+
+    def future_kv(self, current_len: int, logical_now: int, remaining_new: int) -> int:
+        """Most KV tokens a request holding ``current_len`` can still add before it ends, given its eviction
+        budget: ``min(remaining_new, budget(final length) + slack - current_len)``, at least 0."""
+        if self.policy is None:
+            return remaining_new
+        final = torch.tensor([logical_now + max(remaining_new, 0)])
+        cap = int(self.policy.budget(final)[0]) + self.policy.cfg.slack - current_len
+        return max(0, min(remaining_new, cap))
+
+    def reclaim_now(self) -> int:
+        """Reclaim regardless of theta (memory is short): returns the pages freed."""
+        if not self.reclaimer.enabled:
+            return 0
+        before = self.reclaimer.stats.pages_reclaimed
+        for _ in range(8):
+            plan = self.reclaimer.plan()
+            if plan.is_empty() or not self.reclaimer.apply(plan):
+                break
+            self.reclaimer.release_ready()
+        self.reclaim_on_pressure += 1
+        return self.reclaimer.stats.pages_reclaimed - before
 
     # ------------------------------------------------------------------ allocation and positions
 
@@ -213,5 +248,8 @@ class VTokenRuntime:
             "resident_dead_tokens": int(self.pool.used_pages() * self.page_size - self.pool.live[self.pool.owner >= 0].sum()),
             "peak_pool_pages": self.peak_pool_pages,
             "peak_tracked_pages": self.peak_tracked_pages,
+            "reclaim_on_pressure": self.reclaim_on_pressure,
+            "digest_victims": self.digest["victims"],
+            "digest_plans": self.digest["plans"],
             **st.as_dict(),
         }

@@ -91,6 +91,45 @@ def release_kv_cache(original, req, tree_cache, *args, **kwargs):
     return original(req, tree_cache, *args, **kwargs)
 
 
+def running_request_offset(original, adder, req):
+    """AROUND ``PrefillAdder._get_running_request_total_token_offset``: a running request's future KV is capped
+    by its eviction budget (this is where the capacity gain comes from)."""
+    upstream = original(adder, req)
+    if RUNTIME is None or RUNTIME.policy is None:
+        return upstream
+    remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+    logical = len(req.origin_input_ids) + len(req.output_ids)
+    return min(upstream, RUNTIME.future_kv(req.kv.kv_committed_len, logical, remaining))
+
+
+def update_prefill_budget(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):
+    """AROUND ``PrefillAdder._update_prefill_budget``: a new request reserves for decode only what its eviction
+    budget lets it keep beyond the prompt."""
+    if RUNTIME is not None and RUNTIME.policy is not None and max_new_tokens > 0:
+        current = prefix_len + extend_input_len
+        max_new_tokens = RUNTIME.future_kv(current, current, max_new_tokens)
+    return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
+
+
+def check_decode_mem(original, batch, *args, **kwargs):
+    """AROUND ``ScheduleBatch.check_decode_mem``: before SGLang retracts, reclaim (regardless of theta)."""
+    ok = original(batch, *args, **kwargs)
+    if ok or RUNTIME is None:
+        return ok
+    if RUNTIME.reclaim_now() == 0:
+        return ok
+    return original(batch, *args, **kwargs)
+
+
+def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
+    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it)."""
+    if RUNTIME is not None and RUNTIME.rounds != RUNTIME.logged_rounds:
+        from sglang.srt.runtime_context import get_parallel
+
+        RUNTIME.logged_rounds = RUNTIME.rounds
+        logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, RUNTIME.metrics())
+
+
 def get_internal_state(result, scheduler, *args, **kwargs):
     """AFTER ``Scheduler.get_internal_state``: vToken's metrics under ``"vtoken"`` (``/get_server_info`` shows
     them in ``internal_states``)."""
@@ -108,4 +147,8 @@ HOOKS = {
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result": ("AFTER", process_batch_result),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", release_kv_cache),
     "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("AFTER", get_internal_state),
+    "sglang.srt.managers.scheduler.Scheduler.on_idle": ("AFTER", scheduler_idle),
+    "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("AROUND", running_request_offset),
+    "sglang.srt.managers.schedule_policy.PrefillAdder._update_prefill_budget": ("AROUND", update_prefill_budget),
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": ("AROUND", check_decode_mem),
 }

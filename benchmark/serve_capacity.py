@@ -1,0 +1,134 @@
+"""Serving capacity on real SGLang: plain SGLang, Naive-Evict and vToken on the same memory-bound load.
+
+    .venv/bin/python benchmark/serve_capacity.py [--quick] [--json PATH]
+
+Each mode gets its own server (CPU, tiny model, page 16, a fixed ``--max-total-tokens`` small enough that KV
+memory limits concurrency) and the same load: N requests sent at once, each INPUT random token ids and exactly
+OUTPUT greedy new tokens (ignore_eos). Naive-Evict and vToken evict the same victims (same policy, budget and
+seed) and use the same budget-aware admission; only vToken relocates and frees pages.
+
+Per run: ``max_running_requests`` (peak concurrently running, from the scheduler's per-step log),
+``retractions`` (sum of the requests' ``num_retractions``), ``peak_allocated_pages`` (peak KV pool usage from the
+same log), ``output_throughput`` (output tokens / wall seconds), ``p95_latency_s``, ``identical_to_naive``
+(greedy token ids equal to the Naive-Evict run of the same policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
+from vtoken_sglang.tiny_model import build  # noqa: E402
+
+PAGE = 16
+RUNNING = re.compile(r"#running-req: (\d+)")
+USAGE = re.compile(r"token usage: ([0-9.]+)")
+
+
+def make_prompts(n: int, length: int, vocab: int = 2000, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) -> dict:
+    def one(ids):
+        t0 = time.monotonic()
+        out = server.post("/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}, timeout=1800)
+        return out, time.monotonic() - t0
+
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    wall = time.monotonic() - t0
+    lat = sorted(r[1] for r in results)
+    return {
+        "ids": [r[0]["output_ids"] for r in results],
+        "retractions": sum(r[0]["meta_info"].get("num_retractions", 0) for r in results),
+        "output_throughput": round(sum(len(r[0]["output_ids"]) for r in results) / wall, 1),
+        "p95_latency_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 2),
+        "wall_s": round(wall, 1),
+    }
+
+
+def run_mode(model: str, mode: str, policy: str | None, ratio: float, args) -> dict:
+    flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"]
+    if mode != "plain":
+        flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(ratio),
+                  "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
+    else:
+        flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes
+    with SglangServer(model, flags) as server:
+        load = run_load(server, make_prompts(args.requests, args.input_len), args.output_len)
+        time.sleep(1)
+        info = server.get("/get_server_info")["internal_states"][0]
+        log = server.log_text()
+    running = [int(m) for m in RUNNING.findall(log)]
+    usage = [float(m) for m in USAGE.findall(log)]
+    return {
+        "mode": mode, "policy": policy or "none", "budget_ratio": ratio if mode != "plain" else 1.0,
+        "max_total_tokens": args.max_total_tokens, "requests": args.requests, "input_len": args.input_len,
+        "output_len": args.output_len,
+        "max_running_requests": max(running, default=0),
+        "retractions": load["retractions"],
+        "peak_allocated_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
+        "output_throughput": load["output_throughput"], "p95_latency_s": load["p95_latency_s"], "wall_s": load["wall_s"],
+        "vtoken": info.get("vtoken"), "_ids": load["ids"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--policies", nargs="+", default=["random", "streaming"])
+    ap.add_argument("--budget-ratio", type=float, default=0.5)
+    ap.add_argument("--max-total-tokens", type=int, default=8192)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=512)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.max_total_tokens, args.requests, args.input_len, args.output_len = 4096, 24, 256, 256
+    model = str(build())
+    t0 = time.monotonic()
+    runs = [run_mode(model, "plain", None, 1.0, args)]
+    for policy in args.policies:
+        naive = run_mode(model, "naive", policy, args.budget_ratio, args)
+        vtoken = run_mode(model, "vtoken", policy, args.budget_ratio, args)
+        naive["identical_to_naive"] = True
+        vtoken["identical_to_naive"] = vtoken["_ids"] == naive["_ids"]
+        runs += [naive, vtoken]
+    runs[0]["identical_to_naive"] = None
+    print(f"serve_capacity: {args.requests} requests x ({args.input_len} in, {args.output_len} out), "
+          f"--max-total-tokens {args.max_total_tokens}, page {PAGE}, budget ratio {args.budget_ratio}")
+    hdr = f"{'mode':<8}{'policy':<11}{'max_run':>8}{'retract':>8}{'peak_pg':>8}{'out_tok/s':>10}{'p95_s':>7}{'same':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in runs:
+        same = "-" if r["identical_to_naive"] is None else ("yes" if r["identical_to_naive"] else "NO")
+        print(f"{r['mode']:<8}{r['policy']:<11}{r['max_running_requests']:>8}{r['retractions']:>8}{r['peak_allocated_pages']:>8}"
+              f"{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}{same:>6}")
+    for policy in args.policies:
+        n = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
+        v = next(r for r in runs if r["mode"] == "vtoken" and r["policy"] == policy)
+        print(f"{policy}: vToken/Naive-Evict max running = {v['max_running_requests'] / max(n['max_running_requests'], 1):.2f} "
+              f"(target >= 1.8 for random at 0.5), retractions {n['retractions']} -> {v['retractions']}")
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
