@@ -127,9 +127,7 @@ class VTokenRuntime:
         """Before SGLang releases a managed request: free its private pages here and leave SGLang nothing of the
         row to free past the tree prefix (its segment free assumes a dense row)."""
         row = req.kv.req_pool_idx
-        pages = self.table.close_row(row)
-        self.pool.live[pages] = 0
-        self.pool.free(pages)
+        self.pool.free(self.table.close_row(row))
         self.offset[row] = 0
         req.kv.kv_committed_len = req.kv.kv_allocated_len = req.kv.cache_protected_len
 
