@@ -14,7 +14,7 @@ pytestmark = pytest.mark.server
 
 EVICT = ["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "8",
          "--vtoken-sinks", "4"]
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i) for i in range(8)]
 
 
@@ -40,6 +40,14 @@ def test_same_victims_identical_tokens(naive_and_vtoken):
     assert naive["vtoken"]["tokens_evicted"] == vtoken["vtoken"]["tokens_evicted"]
     assert naive["ids"] == vtoken["ids"] and naive["one"] == vtoken["one"]
     assert vtoken["one"] == vtoken["ids"][3]  # alone or in a batch: the same victims
+
+
+def test_decode_positions_are_logical_after_eviction(naive_and_vtoken):
+    """Checked in the server against SGLang's own request bookkeeping (prompt + generated - 1), every decode step."""
+    for mode in ("naive", "vtoken"):
+        st = naive_and_vtoken[mode]["vtoken"]
+        assert st["requests_managed"] > 0 and st["position_checks"] > 1000
+        assert st["position_mismatches"] == 0
 
 
 def test_reclaim_frees_pages(naive_and_vtoken):

@@ -103,6 +103,8 @@ class VTokenRuntime:
         self.reclaim_on_pressure = 0  # reclaims forced by a decode step that would not fit
         self.digest = {"victims": 0, "plans": 0}
         self.logged_rounds = 0
+        self.position_checks = 0  # debug check of decode positions (VTOKEN_SGLANG_CHECK_POSITIONS=1)
+        self.position_mismatches = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -249,5 +251,7 @@ class VTokenRuntime:
             "reclaim_on_pressure": self.reclaim_on_pressure,
             "digest_victims": self.digest["victims"],
             "digest_plans": self.digest["plans"],
+            "position_checks": self.position_checks,
+            "position_mismatches": self.position_mismatches,
             **st.as_dict(),
         }

@@ -7,6 +7,7 @@ find the process's ``VTokenRuntime`` in ``RUNTIME`` (one scheduler per process).
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -71,10 +72,23 @@ def prepare_for_decode(result, batch, *args, **kwargs) -> None:
         RUNTIME.after_decode_alloc(batch)
 
 
-def forward_batch_init_new(ret, batch, model_runner, *args, **kwargs):
-    """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts."""
+CHECK_POSITIONS = os.environ.get("VTOKEN_SGLANG_CHECK_POSITIONS") == "1"
+
+
+def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
+    """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts.
+    With ``VTOKEN_SGLANG_CHECK_POSITIONS=1`` each decode batch's positions are checked against SGLang's own
+    request bookkeeping (prompt length + generated tokens - 1), independently of the Token Table."""
     if RUNTIME is not None and ret.forward_mode.is_decode() and ret.positions is not None:
         ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
+        if CHECK_POSITIONS:
+            expected = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in batch.reqs]
+            got = ret.positions[: len(expected)].tolist()
+            RUNTIME.position_checks += len(expected)
+            bad = sum(g != e for g, e in zip(got, expected))
+            if bad:
+                RUNTIME.position_mismatches += bad
+                logger.error("[vtoken] decode positions %s differ from logical positions %s", got, expected)
     return ret
 
 
