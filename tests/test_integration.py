@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import PY, run_all
+from conftest import PY, REPO, run_all
 from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
@@ -73,7 +73,9 @@ def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
     assert full != naive_and_vtoken["vtoken"]["ids"]
 
 
-def test_bench_serving_against_evicting_server(tiny_model, tmp_path):
+def test_bench_and_frontend_programs_against_evicting_server(tiny_model, tmp_path):
+    """bench_serving, then the fork and shared-document programs (radix prefixes shared between requests that
+    evict): all complete, positions stay logical, nothing leaks."""
     out = tmp_path / "bench.jsonl"
     with SglangServer(tiny_model, default_server_args() + EVICT, env=STRICT) as s:
         (run,) = run_all([[PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", s.url,
@@ -81,12 +83,20 @@ def test_bench_serving_against_evicting_server(tiny_model, tmp_path):
                            "--num-prompts", "24", "--random-input-len", "200", "--random-output-len", "96",
                            "--random-range-ratio", "0.5", "--request-rate", "inf", "--seed", "2", "--disable-tqdm",
                            "--output-file", str(out)]], timeout=600)
+        fork_run, qa_run = run_all([
+            [PY, str(REPO / "python/multi_turn_fork.py"), "--url", s.url, "--branches", "3", "--max-tokens", "120"],
+            [PY, str(REPO / "python/long_doc_qa.py"), "--url", s.url, "--questions", "5", "--doc-words", "400",
+             "--max-tokens", "120"],
+        ])
         time.sleep(2)
         state = s.get("/get_server_info")["internal_states"][0]["vtoken"]
         log = s.log_text()
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(out.read_text().strip().splitlines()[-1])["completed"] == 24
+    assert fork_run.returncode == 0 and qa_run.returncode == 0, (fork_run.stderr + qa_run.stderr)[-3000:]
+    assert len(json.loads(fork_run.stdout)) == 2 and len(json.loads(qa_run.stdout)) == 5
     assert state["tokens_evicted"] > 0 and state["allocated_pages"] == 0 and "memory leak" not in log
+    assert state["position_mismatches"] == 0
 
 
 def test_aborts_and_retraction_leave_no_leak(tiny_model):
