@@ -147,18 +147,18 @@ class VTokenRuntime:
         """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch."""
         if self.policy is None:
             return
-        reqs = [r for r in batch.reqs if not r.finished() and r.kv.req_pool_idx is not None]
-        if not reqs:
+        # Vectorized over the batch: which running requests exceed budget + slack (by logical length).
+        rows = batch.req_pool_indices.to(torch.int64)
+        live = batch.seq_lens.to(torch.int64)
+        logical = torch.where(self.table.active[rows], self.table.logical_len[rows], live)
+        running = torch.tensor([not r.finished() for r in batch.reqs], dtype=torch.bool, device=rows.device)
+        over_mask = running & (live > self.policy.budget(logical) + self.policy.cfg.slack)
+        if not bool(over_mask.any()):
             return
-        logical = torch.tensor([self._logical_len(r) for r in reqs])
-        budget = self.policy.budget(logical)
-        live = torch.tensor([r.kv.kv_committed_len for r in reqs])
-        over = [r for r, lv, b in zip(reqs, live.tolist(), budget.tolist()) if lv > b + self.policy.cfg.slack]
+        over = [batch.reqs[i] for i in torch.nonzero(over_mask).flatten().tolist()]
         new = [r for r in over if not self.is_managed(r.kv.req_pool_idx)]
         if new:
             self._manage(new)
-        if not over:
-            return
         dev = self.table.slots.device
         rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=dev)
         protect = torch.tensor([r.kv.cache_protected_len for r in over], dtype=torch.int64, device=dev)
@@ -181,10 +181,6 @@ class VTokenRuntime:
         """Order-independent digest of decisions (victims, plans), compared across TP ranks by the tests."""
         h = int(mix_hash(17, a.to(torch.int64).cpu()[None, :], b.to(torch.int64).cpu()[None, :]).sum()) % (1 << 61)
         self.digest[name] = (self.digest[name] + h) % (1 << 61)
-
-    def _logical_len(self, req) -> int:
-        row = req.kv.req_pool_idx
-        return int(self.table.logical_len[row]) if self.is_managed(row) else req.kv.kv_committed_len
 
     def _publish_lengths(self, batch) -> None:
         """Write the Token Table's live lengths back into the batch and the requests (the rows already are)."""
