@@ -75,9 +75,11 @@ def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
 
 def test_bench_and_frontend_programs_against_evicting_server(tiny_model, tmp_path):
     """bench_serving, then the fork and shared-document programs (radix prefixes shared between requests that
-    evict): all complete, positions stay logical, nothing leaks."""
+    evict): all complete, positions stay logical, nothing leaks; vToken's metrics are in SGLang's periodic log
+    and in Prometheus /metrics."""
     out = tmp_path / "bench.jsonl"
-    with SglangServer(tiny_model, default_server_args() + EVICT, env=STRICT) as s:
+    flags = default_server_args() + EVICT + ["--enable-metrics", "--decode-log-interval", "10"]
+    with SglangServer(tiny_model, flags, env=STRICT) as s:
         (run,) = run_all([[PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", s.url,
                            "--model", tiny_model, "--tokenizer", tiny_model, "--dataset-name", "random-ids",
                            "--num-prompts", "24", "--random-input-len", "200", "--random-output-len", "96",
@@ -90,6 +92,7 @@ def test_bench_and_frontend_programs_against_evicting_server(tiny_model, tmp_pat
         ])
         time.sleep(2)
         state = s.get("/get_server_info")["internal_states"][0]["vtoken"]
+        metrics = prometheus_values(s.get_text("/metrics"))
         log = s.log_text()
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(out.read_text().strip().splitlines()[-1])["completed"] == 24
@@ -97,6 +100,22 @@ def test_bench_and_frontend_programs_against_evicting_server(tiny_model, tmp_pat
     assert len(json.loads(fork_run.stdout)) == 2 and len(json.loads(qa_run.stdout)) == 5
     assert state["tokens_evicted"] > 0 and state["allocated_pages"] == 0 and "memory leak" not in log
     assert state["position_mismatches"] == 0
+    assert "[vtoken] live: " in log and ", reclaimed pages: " in log
+    for name in ("tokens_evicted", "pages_reclaimed", "tokens_moved", "plans_admitted", "planner_ms"):
+        assert metrics[f"sglang:vtoken_{name}_total"] == pytest.approx(state[name], rel=1e-3), name
+    assert metrics["sglang:vtoken_allocated_pages"] == 0 and metrics["sglang:vtoken_live_tokens"] == 0  # idle values
+    assert {"sglang:vtoken_fragmentation", "sglang:vtoken_resident_dead_tokens", "sglang:vtoken_plans_rejected_total",
+            "sglang:vtoken_plans_stale_total", "sglang:vtoken_copy_ms_total"} <= set(metrics)
+
+
+def prometheus_values(text: str) -> dict[str, float]:
+    """``name -> value`` of the vToken series in a Prometheus text exposition (one scheduler: one series each)."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("sglang:vtoken_"):
+            name, value = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
+            values[name] = float(value)
+    return values
 
 
 def test_aborts_and_retraction_leave_no_leak(tiny_model):

@@ -74,16 +74,33 @@ def test_engine_rejects_bad_keywords_before_starting(plugins_loaded, tiny_model)
         sgl.Engine(model_path=tiny_model, enable_vtoken=True, page_size=1)
 
 
-def test_real_launcher_help_and_bad_flags(tiny_model):
-    """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process."""
+def mamba_model(tiny_model: str, path) -> str:
+    """A Mamba checkpoint directory with no weights (vToken refuses it before any weight is read)."""
+    import shutil
+
+    from transformers import MambaConfig
+
+    cfg = MambaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, state_size=8)
+    cfg.architectures = ["MambaForCausalLM"]
+    cfg.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny_model}/{name}", path / name)
+    return str(path)
+
+
+def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
+    """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process; a model vToken
+    cannot serve (Mamba) is refused at start with one line."""
     engine_script = (
         "import sglang as sgl\n"
         f"sgl.Engine(model_path={tiny_model!r}, enable_vtoken=True, vtoken_policy='tova', vtoken_budget=8)\n"
     )
-    help_run, bad_run, engine_run = run_all([
+    help_run, bad_run, engine_run, mamba_run = run_all([
         [PY, "-m", "sglang.launch_server", "--help"],
         [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken", "--page-size", "1"],
         [PY, "-c", engine_script],
+        [PY, "-m", "sglang.launch_server", "--model-path", mamba_model(tiny_model, tmp_path), "--enable-vtoken",
+         "--device", "cpu", "--dtype", "float32"],
     ])
     assert help_run.returncode == 0
     for flag in ("--enable-vtoken", "--vtoken-policy", "--vtoken-budget", "--vtoken-budget-ratio", "--vtoken-recent",
@@ -95,3 +112,6 @@ def test_real_launcher_help_and_bad_flags(tiny_model):
     assert bad_run.stderr.strip().splitlines()[-1].startswith("error: --page-size 1: vToken needs pages")
     assert engine_run.returncode != 0
     assert "vtoken_budget 8 is smaller than vtoken_sinks + vtoken_recent" in engine_run.stderr.strip().splitlines()[-1]
+    assert mamba_run.returncode == 2 and "Traceback" not in mamba_run.stderr, mamba_run.stderr[-2000:]
+    errors = [line for line in mamba_run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: model MambaForCausalLM: hybrid mamba / linear-attention models are not supported with vToken"]

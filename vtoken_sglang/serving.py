@@ -145,8 +145,11 @@ class SglangServer:
             return json.loads(r.read())
 
     def get(self, path: str, timeout: float = 60.0) -> Any:
+        return json.loads(self.get_text(path, timeout))
+
+    def get_text(self, path: str, timeout: float = 60.0) -> str:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
-            return json.loads(r.read())
+            return r.read().decode()
 
     def generate(self, text: str | list[str], max_new_tokens: int = 32, **sampling: Any) -> Any:
         params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}

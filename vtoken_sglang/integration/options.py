@@ -129,6 +129,29 @@ def launch_subprocesses(cls, *args, **kwargs):
         attach(server_args, pending, kwarg_display)
     else:
         export(current_config(server_args))
+    # The CLI resolved the record already (its model config is memoized on it): refuse an unsupported model here,
+    # with one line. sgl.Engine resolves later; its schedulers run the same check before loading weights.
+    model_config = getattr(server_args, "_model_config", None)
+    if model_config is not None and current_config(server_args).enabled:
+        reason = unsupported_model(model_config)
+        if reason:
+            exit_with_error(ConfigError(reason))
+    return None
+
+
+def unsupported_model(model_config) -> str | None:
+    """Why vToken cannot serve this model (SGLang's own classification of it), or None. vToken needs one
+    token-granular KV pool of full-attention K/V pages: no recurrent state, no sliding-window pool, no MLA latent."""
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.configs.model_config import AttentionArch
+
+    arch = ",".join(getattr(model_config.hf_config, "architectures", None) or ["?"])
+    if mambaish_config(model_config) is not None or model_config.attention_arch == AttentionArch.SSM:
+        return f"model {arch}: hybrid mamba / linear-attention models are not supported with vToken"
+    if model_config.is_hybrid_swa:
+        return f"model {arch}: hybrid sliding-window models (separate SWA KV pool) are not supported with vToken"
+    if model_config.attention_arch == AttentionArch.MLA:
+        return f"model {arch}: MLA (latent KV) models are not supported with vToken yet"
     return None
 
 

@@ -105,6 +105,7 @@ class VTokenRuntime:
         self.logged_rounds = 0
         self.position_checks = 0  # debug check of decode positions (VTOKEN_SGLANG_CHECK_POSITIONS=1)
         self.position_mismatches = 0
+        self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
 
     # ------------------------------------------------------------------ requests
 
@@ -174,8 +175,6 @@ class VTokenRuntime:
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
         self.peak_pool_pages = max(self.peak_pool_pages, used)
         self.peak_tracked_pages = max(self.peak_tracked_pages, self.pool.used_pages())
-        if self.rounds % 20 == 1:
-            logger.info("[vtoken] %s", self.metrics())
 
     def _fold(self, a: torch.Tensor, b: torch.Tensor, name: str) -> None:
         """Order-independent digest of decisions (victims, plans), compared across TP ranks by the tests."""
@@ -202,8 +201,12 @@ class VTokenRuntime:
 
     def future_kv(self, current_len: int, logical_now: int, remaining_new: int) -> int:
         """Most KV tokens a request holding ``current_len`` can still add before it ends, given its eviction
-        budget: ``min(remaining_new, budget(final length) + slack - current_len)``, at least 0."""
-        if self.policy is None:
+        budget: ``min(remaining_new, budget(final length) + slack - current_len)``, at least 0.
+
+        Only where evicted tokens really give their memory back: with reclaim on, or (Naive-Evict) with a policy
+        whose victims empty whole pages. Naive-Evict with scattered victims keeps almost every page, so it
+        reserves the full remaining length, as upstream does."""
+        if self.policy is None or not (self.reclaimer.enabled or self.policy.frees_whole_pages):
             return remaining_new
         final = torch.tensor([logical_now + max(remaining_new, 0)])
         cap = int(self.policy.budget(final)[0]) + self.policy.cfg.slack - current_len

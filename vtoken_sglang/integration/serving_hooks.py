@@ -12,6 +12,7 @@ import os
 import torch
 
 from vtoken_sglang.integration import options
+from vtoken_sglang.integration.metrics_export import PrometheusExporter, log_line
 from vtoken_sglang.integration.runtime import VTokenRuntime
 
 logger = logging.getLogger("vtoken_sglang")
@@ -19,13 +20,24 @@ logger = logging.getLogger("vtoken_sglang")
 RUNTIME: VTokenRuntime | None = None
 
 
-def scheduler_init(result, scheduler, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.__init__``: build the runtime over this scheduler's pools."""
+def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
+    """AROUND ``Scheduler.__init__``: first refuse an unsupported model with one line, before any weight is
+    loaded; then let SGLang build the scheduler, and build the runtime over its pools."""
     global RUNTIME
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.runtime_context import get_parallel
+
+    reason = options.unsupported_model(ModelConfig.from_server_args(server_args))
+    if reason:
+        raise SystemExit(f"error: {reason}")
+    original(scheduler, server_args, *args, **kwargs)
 
     cfg = options.current_config(scheduler.server_args)
     allocator = scheduler.token_to_kv_pool_allocator
+    if type(allocator) is not PagedTokenToKVPoolAllocator or not hasattr(allocator.get_kvcache(), "k_buffer"):
+        raise SystemExit(f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
+                         f"{type(allocator).__name__} over {type(allocator.get_kvcache()).__name__}")
     RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
     scheduler._vtoken = RUNTIME
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
@@ -136,12 +148,33 @@ def check_decode_mem(original, batch, *args, **kwargs):
 
 
 def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it)."""
+    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it)
+    and bring the Prometheus series to their idle values."""
     if RUNTIME is not None and RUNTIME.rounds != RUNTIME.logged_rounds:
         from sglang.srt.runtime_context import get_parallel
 
         RUNTIME.logged_rounds = RUNTIME.rounds
-        logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, RUNTIME.metrics())
+        m = RUNTIME.metrics()
+        logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, m)
+        if RUNTIME.exporter is not None:
+            RUNTIME.exporter.update(m)
+
+
+def report_decode_stats(result, reporter, *args, **kwargs) -> None:
+    """AFTER ``SchedulerMetricsReporter.report_decode_stats``: at the same cadence as SGLang's periodic decode
+    log line (``--decode-log-interval``), a ``[vtoken]`` line beside it on the logging rank, and the Prometheus
+    series when metrics are enabled for this scheduler."""
+    if RUNTIME is None or reporter.forward_ct_decode % reporter.decode_log_interval != 0:
+        return
+    if not (reporter.is_stats_logging_rank or reporter.current_scheduler_metrics_enabled):
+        return
+    m = RUNTIME.metrics()
+    if reporter.is_stats_logging_rank:
+        logger.info(log_line(m))
+    if reporter.current_scheduler_metrics_enabled:
+        if RUNTIME.exporter is None:
+            RUNTIME.exporter = PrometheusExporter(reporter.metrics_collector.labels)
+        RUNTIME.exporter.update(m)
 
 
 def get_internal_state(result, scheduler, *args, **kwargs):
@@ -153,7 +186,7 @@ def get_internal_state(result, scheduler, *args, **kwargs):
 
 
 HOOKS = {
-    "sglang.srt.managers.scheduler.Scheduler.__init__": ("AFTER", scheduler_init),
+    "sglang.srt.managers.scheduler.Scheduler.__init__": ("AROUND", scheduler_init),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": ("AROUND", alloc_decode),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.new_tokens_required_next_decode": ("AROUND", new_tokens_required_next_decode),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode": ("AFTER", prepare_for_decode),
@@ -162,6 +195,8 @@ HOOKS = {
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", release_kv_cache),
     "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("AFTER", get_internal_state),
     "sglang.srt.managers.scheduler.Scheduler.on_idle": ("AFTER", scheduler_idle),
+    "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats": (
+        "AFTER", report_decode_stats),
     "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("AROUND", running_request_offset),
     "sglang.srt.managers.schedule_policy.PrefillAdder._update_prefill_budget": ("AROUND", update_prefill_budget),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": ("AROUND", check_decode_mem),

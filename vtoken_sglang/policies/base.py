@@ -63,6 +63,9 @@ class Policy(abc.ABC):
     name: str = ""
     needs_scores: bool = False
     state_names: tuple[str, ...] = ()
+    # Victims empty whole pages in order (a contiguous window), so eviction alone frees memory: Naive-Evict may
+    # count on it at admission. Scattered victims leave pages trapped until something relocates them.
+    frees_whole_pages: bool = False
 
     def __init__(self, cfg: PolicyConfig):
         self.cfg = cfg

@@ -7,6 +7,7 @@ from vtoken_sglang.policies.base import Policy, RowBlock
 
 class StreamingPolicy(Policy):
     name = "streaming"
+    frees_whole_pages = True  # victims are the oldest non-sink tokens: pages behind the sinks empty in order
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
         return block.logical.to(torch.float64)  # older = lower = evicted first
