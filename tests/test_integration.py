@@ -27,16 +27,29 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
         with SglangServer(tiny_model, default_server_args() + EVICT + ["--vtoken-reclaim", flag], log_path=log, env=STRICT) as s:
             out = s.generate(PROMPTS, 160, ignore_eos=True)
             one = s.generate(PROMPTS[3], 160, ignore_eos=True)
+            reuse = prefix_reuse_probe(s)
             time.sleep(2)  # idle: SGLang runs its memory check
             state = s.get("/get_server_info")["internal_states"][0]
             results[mode] = {"ids": [o["output_ids"] for o in out], "one": one["output_ids"], "vtoken": state["vtoken"],
-                             "log": s.log_text(), "healthy": s.proc.poll() is None}
+                             "reuse": reuse, "log": s.log_text(), "healthy": s.proc.poll() is None}
     return results
+
+
+def prefix_reuse_probe(server: SglangServer) -> dict:
+    """One new request over a prompt the tree holds from the load before (its pages were shared by requests that
+    evicted tokens from their views and had their private pages compacted): one token with its top logprobs, and how
+    much of the prompt came from the tree. Any change to a tree slot would change these."""
+    out = server.post("/generate", {"text": PROMPTS[5] + " And once more.", "sampling_params": {
+        "max_new_tokens": 1, "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 5})
+    meta = out["meta_info"]
+    return {"ids": out["output_ids"], "cached": meta["cached_tokens"],
+            "top": [(t[1], t[0]) for t in meta["output_top_logprobs"][0]]}
 
 
 def test_same_victims_identical_tokens(naive_and_vtoken):
     naive, vtoken = naive_and_vtoken["naive"], naive_and_vtoken["vtoken"]
     assert naive["vtoken"]["tokens_evicted"] > 0
+    assert naive["vtoken"]["tree_tokens_dropped"] == vtoken["vtoken"]["tree_tokens_dropped"] > 0  # shared prefix too
     assert naive["vtoken"]["tokens_evicted"] == vtoken["vtoken"]["tokens_evicted"]
     assert naive["ids"] == vtoken["ids"] and naive["one"] == vtoken["one"]
     assert vtoken["one"] == vtoken["ids"][3]  # alone or in a batch: the same victims
@@ -70,7 +83,17 @@ def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
     """Sanity: with eviction on, long generations differ from no eviction (the server really drops tokens)."""
     with SglangServer(tiny_model, default_server_args() + ["--enable-vtoken"]) as s:
         full = [o["output_ids"] for o in s.generate(PROMPTS, 160, ignore_eos=True)]
+        s.generate(PROMPTS[3], 160, ignore_eos=True)
+        reuse = prefix_reuse_probe(s)
     assert full != naive_and_vtoken["vtoken"]["ids"]
+    # The radix tree's slots are never moved or changed: a later request reusing a prefix whose tokens other
+    # requests evicted from their views (and whose neighbours were compacted) sees exactly what it sees without
+    # eviction.
+    for mode in ("naive", "vtoken"):
+        got = naive_and_vtoken[mode]["reuse"]
+        assert got["cached"] == reuse["cached"] > 0 and got["ids"] == reuse["ids"]
+        assert [t for t, _ in got["top"]] == [t for t, _ in reuse["top"]]
+        assert [lp for _, lp in got["top"]] == pytest.approx([lp for _, lp in reuse["top"]], abs=1e-5)
 
 
 def test_bench_and_frontend_programs_against_evicting_server(tiny_model, tmp_path):

@@ -17,6 +17,7 @@ BAD_CLI = [
     (["--enable-vtoken", "--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: speculative decoding is not supported"),
     (["--enable-vtoken", "--enable-hierarchical-cache"], "--enable-hierarchical-cache: HiCache is not supported"),
     (["--enable-vtoken", "--enable-unified-memory"], "--enable-unified-memory: unified memory is not supported"),
+    (["--enable-vtoken", "--enable-streaming-session"], "--enable-streaming-session: streaming sessions (rows kept across requests) are not supported"),
     (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
     (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
     (["--enable-vtoken", "--vtoken-planner", "worker"], "--vtoken-planner worker: the compaction worker is not available"),

@@ -101,7 +101,7 @@ def stage_engine_config(raw: dict[str, Any], defer_errors: bool = False) -> None
 
 _CHECKED_FIELDS = {
     "page_size": None, "speculative_algorithm": None, "enable_hierarchical_cache": False, "enable_unified_memory": False,
-    "disaggregation_mode": "null", "attention_backend": None, "decode_attention_backend": None,
+    "disaggregation_mode": "null", "enable_streaming_session": False, "attention_backend": None, "decode_attention_backend": None,
     "prefill_attention_backend": None, "device": None,
 }
 
@@ -201,6 +201,8 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
         raise ConfigError(f"{flag('enable_hierarchical_cache')}: HiCache is not supported with vToken")
     if server_args.enable_unified_memory:
         raise ConfigError(f"{flag('enable_unified_memory')}: unified memory is not supported with vToken")
+    if getattr(server_args, "enable_streaming_session", False):
+        raise ConfigError(f"{flag('enable_streaming_session')}: streaming sessions (rows kept across requests) are not supported with vToken")
     if server_args.disaggregation_mode not in (None, "null"):
         raise ConfigError(f"{flag('disaggregation_mode')} {server_args.disaggregation_mode}: PD disaggregation is not supported with vToken")
     for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):

@@ -5,7 +5,9 @@ Which rows vToken manages: a request becomes *managed* the first time it exceeds
 then its row is exactly upstream's (dense, insertable in the radix tree). From then on:
 - its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order; ``seq_len`` = live count;
 - ``req.skip_radix_cache_insert`` is set (its row no longer matches its token ids);
-- the tree-owned prefix ``[0, cache_protected_len)`` is never evicted, moved or freed (Option A of the map);
+- slots of the tree-owned prefix (the first ``cache_protected_len`` tokens when it started) are never moved or
+  freed: evicting one only drops it from this request's row (its view); the tree keeps the page, which stays locked
+  until the request ends (copy-on-write, a later step, releases it earlier);
 - its private pages are tracked in ``SglangPagePool`` (owner = row, live counts);
 - positions come from the Token Table (``logical_len``), its next slot from the tail-page rule, and its pages are
   released by vToken (SGLang's segment free assumes dense rows).
@@ -96,6 +98,7 @@ class VTokenRuntime:
                                    grace_steps=0, enabled=cfg.vtoken_reclaim)
         self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)  # logical_len - live_len per row
         self.tokens_evicted = 0
+        self.tree_tokens_dropped = 0  # victims in tree-owned pages: dropped from the row only, the slot stays
         self.requests_managed = 0
         self.rounds = 0
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
@@ -162,10 +165,11 @@ class VTokenRuntime:
             self._manage(new)
         dev = self.table.slots.device
         rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=dev)
-        protect = torch.tensor([r.kv.cache_protected_len for r in over], dtype=torch.int64, device=dev)
-        vr, vc = self.policy.select_victims(self.table, rows, protect_cols=protect)
+        vr, vc = self.policy.select_victims(self.table, rows)
         if vr.numel():
             self._fold(self.table.row_key[vr], self.table.logical[vr, vc].to(torch.int64), "victims")
+            victim_pages = self.table.slots[vr, vc].to(torch.int64) // self.page_size
+            self.tree_tokens_dropped += int((self.pool.owner[victim_pages] < 0).sum())
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
         for plan in self.reclaimer.step():
@@ -243,6 +247,7 @@ class VTokenRuntime:
             "allocated_pages": self.pool.used_pages(),
             "fragmentation": round(self.pool.fragmentation(), 4),
             "tokens_evicted": self.tokens_evicted,
+            "tree_tokens_dropped": self.tree_tokens_dropped,
             "requests_managed": self.requests_managed,
             "resident_dead_tokens": int(self.pool.used_pages() * self.page_size - self.pool.live[self.pool.owner >= 0].sum()),
             "peak_pool_pages": self.peak_pool_pages,
