@@ -1,0 +1,71 @@
+"""Attention scores of the newest query over the live keys (vtoken_sglang.scoring): equal to the attention
+probabilities Hugging Face transformers reports for the tiny model (eager attention, ``output_attentions=True``),
+reduced over heads the same way; GQA and a compacted (evicted) live row handled."""
+
+import pytest
+import torch
+
+from vtoken_sglang.scoring import decode_scores_headsum
+
+
+@pytest.fixture(scope="module")
+def hf_run(tiny_model):
+    """One forward of the tiny model in transformers: per layer, HF's probabilities and the q/k it attended with."""
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: F401 (registry populated)
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    captured = []
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        captured.append((query.detach().clone(), key.detach().clone()))
+        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("vtoken_capture", capture)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="vtoken_capture")
+    ids = torch.randint(10, 2000, (1, 77), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True)
+    return model.config, captured, [a[0, :, -1, :] for a in out.attentions]  # newest query: [Hq, T] per layer
+
+
+def _as_pool(key: torch.Tensor, seed: int):
+    """Scatter HF's keys ``[1, Hkv, T, D]`` into a shuffled slot pool, as a paged KV buffer holds them."""
+    T = key.shape[2]
+    perm = torch.randperm(T + 40, generator=torch.Generator().manual_seed(seed))[:T]
+    pool = torch.randn(T + 40, key.shape[1], key.shape[3])  # garbage in the unused slots
+    pool[perm] = key[0].transpose(0, 1)
+    return pool, perm
+
+
+def test_scores_equal_hf_attention_probabilities(hf_run):
+    cfg, captured, probs = hf_run
+    scale = cfg.head_dim ** -0.5
+    assert cfg.num_attention_heads != cfg.num_key_value_heads  # the tiny model is GQA
+    for layer, ((q, k), p) in enumerate(zip(captured, probs)):
+        pool, slots = _as_pool(k, seed=layer)
+        got = decode_scores_headsum(q[0, :, -1, :][None], pool, slots[None], torch.tensor([k.shape[2]]), scale)
+        torch.testing.assert_close(got[0], p.sum(0), rtol=1e-4, atol=1e-6)
+        assert got[0].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
+
+
+def test_live_row_subset_and_batch(hf_run):
+    """A compacted row (only some tokens live, in logical order) renormalizes over the live set; rows of a batch
+    with different lengths are independent."""
+    cfg, captured, _ = hf_run
+    scale = cfg.head_dim ** -0.5
+    q, k = captured[1]
+    T = k.shape[2]
+    pool, slots = _as_pool(k, seed=5)
+    live = torch.tensor(sorted(torch.randperm(T - 1, generator=torch.Generator().manual_seed(1))[:30].tolist()) + [T - 1])
+    qn = q[0, :, -1, :]
+    rows = torch.zeros(2, T, dtype=torch.int64)
+    rows[0, : len(live)] = slots[live]
+    rows[1] = slots
+    got = decode_scores_headsum(torch.stack([qn, qn]), pool, rows, torch.tensor([len(live), T]), scale)
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    kk = k[0][:, live].repeat_interleave(group, 0)  # [Hq, L, D]
+    want = torch.softmax(torch.einsum("hd,hld->hl", qn, kk) * scale, -1).sum(0)
+    torch.testing.assert_close(got[0, : len(live)], want, rtol=1e-4, atol=1e-6)
+    assert bool((got[0, len(live):] == 0).all())
+    assert got[1].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)

@@ -1,0 +1,33 @@
+"""Attention scores of decoding requests over their live keys: the torch implementation (CPU, and the reference
+for the Triton kernel).
+
+Contract (both implementations): for request ``i`` with live row ``slots[i, :live_len[i]]`` (KV slots in logical
+order) and its newest query ``q[i]`` (``[num_q_heads, head_dim]``, after RoPE), per query head ``h``
+
+    p[i, h, j] = softmax_j( scale * <q[i, h], K[slots[i, j], h // group]> ),   j < live_len[i]
+
+with ``group = num_q_heads // num_kv_heads`` (GQA: each KV head serves ``group`` consecutive query heads). The
+result is ``sum_h p[i, h, :]`` (``[B, W]``, float32, zero past ``live_len``): a *sum* over the heads this process
+holds, so tensor-parallel ranks add their partial sums (one all-reduce) and divide by the total head count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def decode_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, live_len: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """``q``: ``[B, Hq, D]``; ``k_buffer``: ``[num_slots, Hkv, D]``; ``slots``: ``[B, W]`` (entries past
+    ``live_len`` are ignored); returns ``[B, W]`` float32 = softmax attention summed over the ``Hq`` heads."""
+    B, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
+    W = slots.shape[1]
+    valid = torch.arange(W, device=slots.device)[None, :] < live_len.to(slots.device)[:, None]
+    keys = k_buffer[torch.where(valid, slots, 0).to(torch.int64)]  # [B, W, Hkv, D]
+    qg = q.to(torch.float32).view(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
+    logits = torch.einsum("bkgd,bwkd->bkgw", qg, keys.to(torch.float32)) * scale
+    logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with no live key (not expected) give 0
+    return probs.sum(dim=(1, 2))
