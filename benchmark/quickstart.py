@@ -1,9 +1,9 @@
-"""The README's main job: the tiny model, a real vToken server, a short bench_serving load, a printed summary.
+"""A smoke run: the tiny model, one real vToken server, a short bench_serving load, a printed summary.
 
     .venv/bin/python benchmark/quickstart.py [--num-prompts 32] [--json PATH] [-- extra server flags]
 
 Everything runs locally (nothing is downloaded). The summary table is what bench_serving measured plus what the
-server reports about itself. Later work replaces the load with the Naive-Evict vs vToken memory table.
+server reports about itself. (The README's main job is ``serve_capacity.py --quick``, the memory table.)
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ Which rows vToken manages: a request becomes *managed* the first time it exceeds
 then its row is exactly upstream's (dense, insertable in the radix tree). From then on:
 - its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order; ``seq_len`` = live count;
 - ``req.skip_radix_cache_insert`` is set (its row no longer matches its token ids);
-- slots of the tree-owned prefix (the first ``cache_protected_len`` tokens when it started) are never moved or
-  freed: evicting one only drops it from this request's row (its view); the tree keeps the page, which stays locked
-  until the request ends (copy-on-write, a later step, releases it earlier);
+- the tree-owned prefix ``[0, cache_protected_len)`` is never moved or freed, and not an eviction candidate: its
+  pages stay allocated (the request locks them in the tree) whatever the view keeps, so dropping them would free
+  nothing; they count toward the budget (copy-on-write, a later step, makes them candidates);
 - its private pages are tracked in ``SglangPagePool`` (owner = row, live counts);
 - positions come from the Token Table (``logical_len``), its next slot from the tail-page rule, and its pages are
   released by vToken (SGLang's segment free assumes dense rows).
@@ -98,7 +98,6 @@ class VTokenRuntime:
                                    grace_steps=0, enabled=cfg.vtoken_reclaim)
         self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)  # logical_len - live_len per row
         self.tokens_evicted = 0
-        self.tree_tokens_dropped = 0  # victims in tree-owned pages: dropped from the row only, the slot stays
         self.requests_managed = 0
         self.rounds = 0
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
@@ -108,6 +107,7 @@ class VTokenRuntime:
         self.logged_rounds = 0
         self.position_checks = 0  # debug check of decode positions (VTOKEN_SGLANG_CHECK_POSITIONS=1)
         self.position_mismatches = 0
+        self.prompt_in_tree = True  # the radix cache takes each prompt's whole pages after prefill (scheduler hook)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
 
     # ------------------------------------------------------------------ requests
@@ -165,11 +165,10 @@ class VTokenRuntime:
             self._manage(new)
         dev = self.table.slots.device
         rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=dev)
-        vr, vc = self.policy.select_victims(self.table, rows)
+        protect = torch.tensor([r.kv.cache_protected_len for r in over], dtype=torch.int64, device=dev)
+        vr, vc = self.policy.select_victims(self.table, rows, protect_cols=protect)
         if vr.numel():
             self._fold(self.table.row_key[vr], self.table.logical[vr, vc].to(torch.int64), "victims")
-            victim_pages = self.table.slots[vr, vc].to(torch.int64) // self.page_size
-            self.tree_tokens_dropped += int((self.pool.owner[victim_pages] < 0).sum())
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
         for plan in self.reclaimer.step():
@@ -203,9 +202,13 @@ class VTokenRuntime:
 
     # ------------------------------------------------------------------ admission
 
-    def future_kv(self, current_len: int, logical_now: int, remaining_new: int) -> int:
-        """Most KV tokens a request holding ``current_len`` can still add before it ends, given its eviction
-        budget: ``min(remaining_new, budget(final length) + slack - current_len)``, at least 0.
+    def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
+        """Most KV tokens a request holding ``current_len`` (``protected`` of them its tree prefix, never evicted)
+        can still add before it ends, given its eviction budget:
+        ``min(remaining_new, max(budget(final), protected + recent + 1) + slack [+ page] - current_len)``, at
+        least 0. Expected case, like upstream's admission: the tail page and what compaction leaves (F <= theta)
+        are covered by reclaiming before retracting; ``+ page`` for Naive-Evict, whose oldest page in the window
+        stays partly dead.
 
         Only where evicted tokens really give their memory back: with reclaim on, or (Naive-Evict) with a policy
         whose victims empty whole pages. Naive-Evict with scattered victims keeps almost every page, so it
@@ -213,7 +216,8 @@ class VTokenRuntime:
         if self.policy is None or not (self.reclaimer.enabled or self.policy.frees_whole_pages):
             return remaining_new
         final = torch.tensor([logical_now + max(remaining_new, 0)])
-        cap = int(self.policy.budget(final)[0]) + self.policy.cfg.slack - current_len
+        keep = max(int(self.policy.budget(final)[0]), protected + max(self.policy.cfg.recent, 1))
+        cap = keep + self.policy.cfg.slack + (0 if self.reclaimer.enabled else self.page_size) - current_len
         return max(0, min(remaining_new, cap))
 
     def reclaim_now(self) -> int:
@@ -247,7 +251,6 @@ class VTokenRuntime:
             "allocated_pages": self.pool.used_pages(),
             "fragmentation": round(self.pool.fragmentation(), 4),
             "tokens_evicted": self.tokens_evicted,
-            "tree_tokens_dropped": self.tree_tokens_dropped,
             "requests_managed": self.requests_managed,
             "resident_dead_tokens": int(self.pool.used_pages() * self.page_size - self.pool.live[self.pool.owner >= 0].sum()),
             "peak_pool_pages": self.peak_pool_pages,

@@ -39,6 +39,7 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
         raise SystemExit(f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
                          f"{type(allocator).__name__} over {type(allocator.get_kvcache()).__name__}")
     RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
+    RUNTIME.prompt_in_tree = not scheduler.server_args.disable_radix_cache
     scheduler._vtoken = RUNTIME
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
 
@@ -125,7 +126,7 @@ def running_request_offset(original, adder, req):
         return upstream
     remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
     logical = len(req.origin_input_ids) + len(req.output_ids)
-    return min(upstream, RUNTIME.future_kv(req.kv.kv_committed_len, logical, remaining))
+    return min(upstream, RUNTIME.future_kv(req.kv.kv_committed_len, logical, remaining, req.kv.cache_protected_len))
 
 
 def update_prefill_budget(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):
@@ -133,7 +134,9 @@ def update_prefill_budget(original, adder, prefix_len, extend_input_len, max_new
     budget lets it keep beyond the prompt."""
     if RUNTIME is not None and RUNTIME.policy is not None and max_new_tokens > 0:
         current = prefix_len + extend_input_len
-        max_new_tokens = RUNTIME.future_kv(current, current, max_new_tokens)
+        # with the radix cache on, the prompt's whole pages go to the tree after prefill (then protected)
+        protected = current // RUNTIME.page_size * RUNTIME.page_size if RUNTIME.prompt_in_tree else 0
+        max_new_tokens = RUNTIME.future_kv(current, current, max_new_tokens, protected)
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
 
 
