@@ -15,7 +15,6 @@ then its row is exactly upstream's (dense, insertable in the radix tree). From t
 
 from __future__ import annotations
 
-import logging
 import zlib
 
 import numpy as np
@@ -29,7 +28,6 @@ from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.policies import PolicyConfig, make_policy
 from vtoken_sglang.policies.random import mix_hash
 
-logger = logging.getLogger("vtoken_sglang")
 
 
 def request_key(req) -> int:
@@ -205,7 +203,7 @@ class VTokenRuntime:
     def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
         """Most KV tokens a request holding ``current_len`` (``protected`` of them its tree prefix, never evicted)
         can still add before it ends, given its eviction budget:
-        ``min(remaining_new, max(budget(final), protected + recent + 1) + slack [+ page] - current_len)``, at
+        ``min(remaining_new, max(budget(final), protected + max(recent, 1)) + slack [+ page] - current_len)``, at
         least 0. Expected case, like upstream's admission: the tail page and what compaction leaves (F <= theta)
         are covered by reclaiming before retracting; ``+ page`` for Naive-Evict, whose oldest page in the window
         stays partly dead.
