@@ -1,11 +1,19 @@
 """Attention scores of the newest query over the live keys (vtoken_sglang.scoring): equal to the attention
 probabilities Hugging Face transformers reports for the tiny model (eager attention, ``output_attentions=True``),
-reduced over heads the same way; GQA and a compacted (evicted) live row handled."""
+reduced over heads the same way; GQA and a compacted (evicted) live row handled; collected in the real server,
+where the score-based policies run end to end."""
+
+import random
+import time
 
 import pytest
 import torch
 
 from vtoken_sglang.scoring import decode_scores_headsum
+
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
+_rng = random.Random(3)
+PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)]
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +77,54 @@ def test_live_row_subset_and_batch(hf_run):
     torch.testing.assert_close(got[0, : len(live)], want, rtol=1e-4, atol=1e-6)
     assert bool((got[0, len(live):] == 0).all())
     assert got[1].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
+
+
+def hf_mean_attention(model, ids: list[int]) -> torch.Tensor:
+    """transformers' attention of the last position over all positions, mean over heads and layers."""
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True)
+    return torch.stack([a[0, :, -1, :].mean(0) for a in out.attentions]).mean(0)
+
+
+@pytest.mark.server
+def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny_model, tmp_path):
+    """In the real server: (1) the scores collected for a decoding request equal transformers' attention
+    probabilities for the same tokens; (2) for h2o, tova and scissorhands, Naive-Evict and vToken give identical
+    greedy tokens, vToken holds fewer pages, nothing leaks."""
+    from transformers import AutoModelForCausalLM
+
+    from vtoken_sglang.serving import SglangServer, default_server_args
+
+    dump = tmp_path / "scores.pt"
+    prompt = list(range(100, 177))
+    flags = default_server_args() + ["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "4096"]
+    with SglangServer(tiny_model, flags, env={"VTOKEN_SGLANG_SCORE_DUMP": str(dump)}) as s:
+        s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
+        steps, deadline = [], time.monotonic() + 30  # the server writes the dump when it goes idle
+        while not (steps and steps[0][0][: len(prompt)] == prompt) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            steps = torch.load(dump) if dump.exists() else []
+    assert [len(seen) for seen, _ in steps] == [78, 79, 80, 81]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
+    for seen, got in steps:
+        torch.testing.assert_close(got, hf_mean_attention(hf, seen), rtol=1e-3, atol=1e-5)
+
+    runs = {}
+    for policy in ("h2o", "tova", "scissorhands"):
+        for reclaim in ("off", "on"):
+            flags = default_server_args() + ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", "0.5",
+                                             "--vtoken-recent", "8", "--vtoken-reclaim", reclaim]
+            with SglangServer(tiny_model, flags, env=STRICT) as s:
+                out = s.post("/generate", {"input_ids": PROMPT_IDS, "sampling_params": {
+                    "max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}})
+                time.sleep(2)
+                runs[policy, reclaim] = (
+                    [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text())
+    for policy in ("h2o", "tova", "scissorhands"):
+        (ids_off, st_off, log_off), (ids_on, st_on, log_on) = runs[policy, "off"], runs[policy, "on"]
+        assert st_off["tokens_evicted"] == st_on["tokens_evicted"] > 0, policy
+        assert ids_off == ids_on, policy
+        assert st_on["pages_reclaimed"] > 0 and st_on["peak_tracked_pages"] < st_off["peak_tracked_pages"], policy
+        for st, log in ((st_off, log_off), (st_on, log_on)):
+            assert st["live_tokens"] == 0 and st["allocated_pages"] == 0 and st["position_mismatches"] == 0, policy
+            assert "memory leak" not in log and "Traceback" not in log, policy

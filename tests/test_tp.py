@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU (--tp 2, gloo): with vToken on, both ranks apply the same victims and the same plans
-(checked through each rank's decision digests, not assumed), and reclaim on vs off gives identical outputs."""
+(checked through each rank's decision digests, not assumed), and reclaim on vs off gives identical outputs; for a
+score-based policy too (each rank sees half of the heads; the scores are summed over the TP group)."""
 
 import ast
 import re
@@ -14,9 +15,9 @@ PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i
 IDLE = re.compile(r"\[vtoken\] idle tp_rank=(\d) (\{.*\})")
 
 
-def run_tp2(tiny_model, reclaim: str) -> tuple[list, dict[int, dict]]:
+def run_tp2(tiny_model, policy: str, reclaim: str) -> tuple[list, dict[int, dict]]:
     flags = default_server_args(max_total_tokens=8192) + [
-        "--tp", "2", "--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5",
+        "--tp", "2", "--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", "0.5",
         "--vtoken-recent", "8", "--vtoken-reclaim", reclaim]
     with SglangServer(tiny_model, flags, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}) as s:
         ids = [o["output_ids"] for o in s.generate(PROMPTS, 120, ignore_eos=True)]
@@ -31,9 +32,10 @@ def run_tp2(tiny_model, reclaim: str) -> tuple[list, dict[int, dict]]:
     return ids, ranks
 
 
-def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model):
-    on_ids, on = run_tp2(tiny_model, "on")
-    off_ids, off = run_tp2(tiny_model, "off")
+@pytest.mark.parametrize("policy", ["random", "h2o"])
+def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy):
+    on_ids, on = run_tp2(tiny_model, policy, "on")
+    off_ids, off = run_tp2(tiny_model, policy, "off")
     for ranks in (on, off):
         assert set(ranks) == {0, 1}
         assert ranks[0]["tokens_evicted"] > 0

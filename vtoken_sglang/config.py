@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 POLICIES = ("none", "streaming", "random", "h2o", "scissorhands", "tova", "snapkv")
+SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores collected by the engine
 PLANNERS = ("worker", "inline")
 ENV_VAR = "VTOKEN_SGLANG_CONFIG"
 
@@ -91,6 +92,23 @@ def _parse_bool(value: Any) -> bool:
     raise ValueError(f"expected True or False, got {value!r}")
 
 
+def _parse_layers(value: Any) -> str:
+    """``all``, or layer indices (negative counts from the last) as a comma list; normalized to a string."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected all or a comma-separated list of layer indices, got {value!r}")
+    if value.strip() == "all":
+        return "all"
+    try:
+        layers = [int(v, 10) for v in value.split(",")]
+    except ValueError:
+        raise ValueError(f"expected all or a comma-separated list of layer indices, got {value!r}") from None
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layer listed twice in {value!r}")
+    return ",".join(str(v) for v in layers)
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
@@ -106,6 +124,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("vtoken_theta", 0.05, "Fragmentation F above which reclaim is planned, in [0, 1]. Default: 0.05 (the paper: 0.25).", _parse_float(0.0, 1.0)),
     Option("vtoken_planner", "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline. Default: inline.", _parse_choice(PLANNERS)),
     Option("vtoken_seed", 0, "Seed of the random policy (identical on every TP rank). Default: 0.", _parse_int(0)),
+    Option("vtoken_score_layers", "all", "Layers whose attention feeds score-based policies: all, or indices like 0,-1. Default: all.", _parse_layers),
+    Option("vtoken_score_every", 1, "Collect attention scores every k decode steps. Default: 1.", _parse_int(1)),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -125,6 +145,8 @@ class VTokenConfig:
     vtoken_theta: float = 0.05
     vtoken_planner: str = "inline"
     vtoken_seed: int = 0
+    vtoken_score_layers: str = "all"
+    vtoken_score_every: int = 1
 
     @classmethod
     def build(cls, values: Mapping[str, Any], display: Callable[[str], str] = lambda n: OPTION_BY_NAME[n].flag) -> VTokenConfig:
@@ -155,6 +177,10 @@ class VTokenConfig:
             raise ConfigError(
                 f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or {display('vtoken_budget_ratio')}"
             )
+        if self.vtoken_policy not in SCORE_POLICIES:
+            for name, default in (("vtoken_score_layers", "all"), ("vtoken_score_every", 1)):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"{display(name)} needs a score-based policy ({', '.join(SCORE_POLICIES)})")
         floor = self.vtoken_sinks + self.vtoken_recent
         if budget is not None and budget < floor:
             raise ConfigError(

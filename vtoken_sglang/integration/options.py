@@ -18,12 +18,11 @@ import os
 import sys
 from typing import Any
 
-from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, ConfigError, VTokenConfig, kwarg_display
+from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, SCORE_POLICIES, ConfigError, VTokenConfig, kwarg_display
 
 logger = logging.getLogger(__name__)
 
 VERIFIED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
-SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores the server does not collect yet
 DEFAULT_PAGE_SIZE = 16
 CONFIG_ATTR = "_vtoken_config"  # bookkeeping attribute on ServerArgs (pickled into child processes)
 
@@ -102,7 +101,7 @@ def stage_engine_config(raw: dict[str, Any], defer_errors: bool = False) -> None
 _CHECKED_FIELDS = {
     "page_size": None, "speculative_algorithm": None, "enable_hierarchical_cache": False, "enable_unified_memory": False,
     "disaggregation_mode": "null", "enable_streaming_session": False, "attention_backend": None, "decode_attention_backend": None,
-    "prefill_attention_backend": None, "device": None,
+    "prefill_attention_backend": None, "device": None, "disable_cuda_graph": False,
 }
 
 
@@ -211,16 +210,21 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
             raise ConfigError(
                 f"{flag(name)} {backend}: not verified with vToken; use one of {', '.join(VERIFIED_ATTENTION_BACKENDS)}"
             )
+    on_cpu = server_args.device == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
     if server_args.attention_backend is None:
-        on_cpu = server_args.device == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
         server_args.attention_backend = "torch_native" if on_cpu else "flashinfer"
     # Until the event-ordered copy path lands, vToken edits rows between steps with no forward in flight.
     if not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
-    if cfg.vtoken_policy in SCORE_POLICIES:
+    if cfg.vtoken_policy == "snapkv":
         raise ConfigError(
-            f"{display('vtoken_policy')} {cfg.vtoken_policy}: attention-score collection is not in the server yet; "
-            "use random or streaming (score-based policies run in benchmark/reclaim_sim.py)"
+            f"{display('vtoken_policy')} snapkv: prefill-window scores are not collected in the server yet; use h2o, "
+            "tova or scissorhands (snapkv runs in benchmark/reclaim_sim.py)"
+        )
+    if cfg.vtoken_policy in SCORE_POLICIES and not on_cpu and not getattr(server_args, "disable_cuda_graph", False):
+        raise ConfigError(
+            f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
+            f"{flag('disable_cuda_graph')}"
         )
     if cfg.vtoken_planner == "worker":
         raise ConfigError(f"{display('vtoken_planner')} worker: the compaction worker is not available in this version; use inline")

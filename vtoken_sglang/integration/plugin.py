@@ -31,10 +31,14 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
 }
 
 
-def _serving_hooks() -> dict[str, tuple[str, Callable]]:
-    from vtoken_sglang.integration.serving_hooks import HOOKS
+def _serving_hooks(cfg: VTokenConfig | None = None) -> dict[str, tuple[str, Callable]]:
+    """The scheduler-side hooks for ``cfg`` (all of them when ``cfg`` is None)."""
+    from vtoken_sglang.config import SCORE_POLICIES
+    from vtoken_sglang.integration.serving_hooks import HOOKS, SCORING_HOOKS
 
-    return HOOKS
+    if cfg is None or cfg.vtoken_policy in SCORE_POLICIES:
+        return {**HOOKS, **SCORING_HOOKS}
+    return dict(HOOKS)
 
 
 def _is_user_process() -> bool:
@@ -91,7 +95,7 @@ def register() -> None:
     if _is_user_process():
         hooks.update(OPTION_HOOKS)
     if cfg.enabled:
-        hooks.update(_serving_hooks())
+        hooks.update(_serving_hooks(cfg))
     if not hooks:
         return
     try:

@@ -27,6 +27,7 @@ from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.policies import PolicyConfig, make_policy
 from vtoken_sglang.policies.random import mix_hash
+from vtoken_sglang.scoring import ScoreCollector
 
 
 
@@ -107,6 +108,13 @@ class VTokenRuntime:
         self.position_mismatches = 0
         self.prompt_in_tree = True  # the radix cache takes each prompt's whole pages after prefill (scheduler hook)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
+        # Score-based policies: queries saved by the attention hook, turned into scores after each scored step.
+        self.kv_pool = kv_pool
+        self.scorer = (ScoreCollector(len(kv_pool.k_buffer), cfg.vtoken_score_layers, cfg.vtoken_score_every)
+                       if self.policy is not None and self.policy.needs_scores else None)
+        self.tp_size = 1
+        self.tp_all_reduce = None  # set by the scheduler hook: in-place sum over the TP group
+        self.score_dump = None  # debug: list of (token ids seen, scores) per scored step of the batch's first request
 
     # ------------------------------------------------------------------ requests
 
@@ -152,8 +160,10 @@ class VTokenRuntime:
         # Vectorized over the batch: which running requests exceed budget + slack (by logical length).
         rows = batch.req_pool_indices.to(torch.int64)
         live = batch.seq_lens.to(torch.int64)
-        logical = torch.where(self.table.active[rows], self.table.logical_len[rows], live)
         running = torch.tensor([not r.finished() for r in batch.reqs], dtype=torch.bool, device=rows.device)
+        if self.scorer is not None:
+            self._observe_scores(batch, rows, live, running)
+        logical = torch.where(self.table.active[rows], self.table.logical_len[rows], live)
         over_mask = running & (live > self.policy.budget(logical) + self.policy.cfg.slack)
         if not bool(over_mask.any()):
             return
@@ -176,6 +186,24 @@ class VTokenRuntime:
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
         self.peak_pool_pages = max(self.peak_pool_pages, used)
         self.peak_tracked_pages = max(self.peak_tracked_pages, self.pool.used_pages())
+
+    def _observe_scores(self, batch, rows: torch.Tensor, live: torch.Tensor, running: torch.Tensor) -> None:
+        """After a scored decode step: every running request's attention over its live keys goes into the policy's
+        row-aligned state. Score policies manage a request from its first decode step (its state must exist before
+        it first exceeds its budget)."""
+        slots = self.req_to_token[rows, : int(live.max())].to(torch.int64)
+        attn = self.scorer.scores(self.kv_pool.get_key_buffer, slots, live, self.tp_all_reduce, self.tp_size)
+        if attn is None:
+            return
+        new = [r for r, run in zip(batch.reqs, running.tolist()) if run and not self.is_managed(r.kv.req_pool_idx)]
+        if new:
+            self._manage(new)
+        if self.score_dump is not None and bool(running[0]):
+            req = batch.reqs[0]
+            seen = (list(req.origin_input_ids) + list(req.output_ids))[: int(self.table.logical_len[rows[0]])]
+            self.score_dump.append((seen, attn[0, : int(live[0])].cpu()))
+        if bool(running.any()):
+            self.policy.observe(self.table, rows[running], attn[running])
 
     def _fold(self, a: torch.Tensor, b: torch.Tensor, name: str) -> None:
         """Order-independent digest of decisions (victims, plans), compared across TP ranks by the tests."""

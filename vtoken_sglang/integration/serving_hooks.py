@@ -40,6 +40,18 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
                          f"{type(allocator).__name__} over {type(allocator.get_kvcache()).__name__}")
     RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
     RUNTIME.prompt_in_tree = not scheduler.server_args.disable_radix_cache
+    if RUNTIME.scorer is not None:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        RUNTIME.tp_size = group.world_size
+
+        def all_reduce(t: torch.Tensor) -> None:
+            torch.distributed.all_reduce(t, group=group.cpu_group if t.device.type == "cpu" else group.device_group)
+
+        RUNTIME.tp_all_reduce = all_reduce
+        if SCORE_DUMP:
+            RUNTIME.score_dump = []
     scheduler._vtoken = RUNTIME
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
 
@@ -86,12 +98,16 @@ def prepare_for_decode(result, batch, *args, **kwargs) -> None:
 
 
 CHECK_POSITIONS = os.environ.get("VTOKEN_SGLANG_CHECK_POSITIONS") == "1"
+# Debug: write the first request's collected scores per scored step to this file when the scheduler goes idle.
+SCORE_DUMP = os.environ.get("VTOKEN_SGLANG_SCORE_DUMP")
 
 
 def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
     """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts.
     With ``VTOKEN_SGLANG_CHECK_POSITIONS=1`` each decode batch's positions are checked against SGLang's own
     request bookkeeping (prompt length + generated tokens - 1), independently of the Token Table."""
+    if RUNTIME is not None and RUNTIME.scorer is not None:
+        RUNTIME.scorer.begin_forward(ret.forward_mode.is_decode())
     if RUNTIME is not None and ret.forward_mode.is_decode() and ret.positions is not None:
         ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
         if CHECK_POSITIONS:
@@ -103,6 +119,15 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
                 RUNTIME.position_mismatches += bad
                 logger.error("[vtoken] decode positions %s differ from logical positions %s", got, expected)
     return ret
+
+
+def radix_attention_forward(result, layer, q, k, v, forward_batch, *args, **kwargs):
+    """AFTER ``RadixAttention.forward`` (registered only for score-based policies): keep the query of a scored
+    layer in a scored decode step. Its key is in the KV pool now; scores are computed after the forward."""
+    scorer = RUNTIME.scorer if RUNTIME is not None else None
+    if scorer is not None and scorer.wants(layer.layer_id):
+        scorer.save_query(layer.layer_id, q, layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, layer.logit_cap)
+    return result
 
 
 def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
@@ -161,6 +186,10 @@ def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
         logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, m)
         if RUNTIME.exporter is not None:
             RUNTIME.exporter.update(m)
+    if RUNTIME is not None and RUNTIME.score_dump:
+        torch.save(RUNTIME.score_dump, SCORE_DUMP + ".tmp")
+        os.replace(SCORE_DUMP + ".tmp", SCORE_DUMP)  # readers never see a partial file
+        RUNTIME.score_dump = []  # each idle writes the steps since the last one
 
 
 def report_decode_stats(result, reporter, *args, **kwargs) -> None:
@@ -203,4 +232,8 @@ HOOKS = {
     "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("AROUND", running_request_offset),
     "sglang.srt.managers.schedule_policy.PrefillAdder._update_prefill_budget": ("AROUND", update_prefill_budget),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": ("AROUND", check_decode_mem),
+}
+# Only with a score-based policy (a Python call per attention layer per step is not free).
+SCORING_HOOKS = {
+    "sglang.srt.layers.radix_attention.RadixAttention.forward": ("AFTER", radix_attention_forward),
 }

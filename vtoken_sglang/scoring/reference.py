@@ -17,9 +17,10 @@ import torch
 
 
 def decode_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, live_len: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+                          scale: float, logit_cap: float = 0.0) -> torch.Tensor:
     """``q``: ``[B, Hq, D]``; ``k_buffer``: ``[num_slots, Hkv, D]``; ``slots``: ``[B, W]`` (entries past
-    ``live_len`` are ignored); returns ``[B, W]`` float32 = softmax attention summed over the ``Hq`` heads."""
+    ``live_len`` are ignored); returns ``[B, W]`` float32 = softmax attention summed over the ``Hq`` heads.
+    ``logit_cap > 0``: logits are soft-capped (``cap * tanh(x / cap)``) before the softmax, as the model does."""
     B, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
@@ -28,6 +29,8 @@ def decode_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.
     keys = k_buffer[torch.where(valid, slots, 0).to(torch.int64)]  # [B, W, Hkv, D]
     qg = q.to(torch.float32).view(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
     logits = torch.einsum("bkgd,bwkd->bkgw", qg, keys.to(torch.float32)) * scale
+    if logit_cap > 0:
+        logits = logit_cap * torch.tanh(logits / logit_cap)
     logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with no live key (not expected) give 0
     return probs.sum(dim=(1, 2))
