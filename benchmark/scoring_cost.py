@@ -6,7 +6,8 @@ For each shape (batch B, live tokens L per request, query/KV heads, head dim): a
 live slots scattered through it (as after compaction), and the newest query of each request. Timed, median of
 repeats:
 - ``attn_ms``: one decode attention pass as a torch backend runs it: gather K and V through the rows, SDPA (GQA);
-- ``score_ms``: ``vtoken_sglang.scoring.decode_scores_headsum`` (gather K through the rows, softmax, head sum).
+- ``score_ms``: ``vtoken_sglang.scoring.decode_scores_headsum`` (gather K through the rows, softmax, head sum);
+  on CUDA also ``triton_ms``, the Triton kernel the server uses there (same contract).
 Target (issue: score-based policies): with scores every step, the scoring costs at most one extra decode attention
 pass, i.e. ``score_ms / attn_ms <= 1``. Every k steps divides it by k (``--vtoken-score-every``).
 """
@@ -67,7 +68,13 @@ def run_shape(B: int, L: int, Hq: int, Hkv: int, D: int, device: str, repeats: i
     scale = D ** -0.5
     attn_ms = timed(lambda: decode_attention(q, k_pool, v_pool, slots, live, scale), repeats, device)
     score_ms = timed(lambda: decode_scores_headsum(q, k_pool, slots, live, scale), repeats, device)
-    return {"batch": B, "live_tokens": L, "q_heads": Hq, "kv_heads": Hkv, "head_dim": D, "device": device,
+    triton_ms = None
+    if device == "cuda":
+        from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
+
+        triton_ms = round(timed(lambda: decode_scores_headsum_triton(q, k_pool, slots, live, scale), repeats, device), 3)
+        score_ms = min(score_ms, triton_ms)
+    return {"triton_ms": triton_ms, "batch": B, "live_tokens": L, "q_heads": Hq, "kv_heads": Hkv, "head_dim": D, "device": device,
             "attn_ms": round(attn_ms, 3), "score_ms": round(score_ms, 3), "ratio": round(score_ms / attn_ms, 2)}
 
 

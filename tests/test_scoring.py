@@ -79,6 +79,37 @@ def test_live_row_subset_and_batch(hf_run):
     assert got[1].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
 
 
+TRITON_CHECK = """
+import torch
+from vtoken_sglang.scoring.reference import decode_scores_headsum
+from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
+g = torch.Generator().manual_seed(0)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+for B, Hq, Hkv, D, W, block in [(3, 4, 2, 32, 50, 16), (2, 6, 2, 24, 37, 16), (2, 8, 8, 16, 5, 32), (4, 32, 8, 128, 70, 32)]:
+    k = torch.randn(300, Hkv, D, generator=g)
+    slots = torch.stack([torch.randperm(300, generator=g)[:W] for _ in range(B)])
+    live = torch.randint(1, W + 1, (B,), generator=g)
+    live[-1] = 0 if B > 3 else live[-1]  # an empty row gives zeros in both
+    q = torch.randn(B, Hq, D, generator=g)
+    want = decode_scores_headsum(q, k, slots, live, D ** -0.5)
+    got = decode_scores_headsum_triton(q.to(device), k.to(device), slots.to(device), live.to(device), D ** -0.5,
+                                       block_w=block).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+print("ok")
+"""
+
+
+def test_triton_kernel_equals_reference():
+    """The Triton kernel against the torch reference: natively on CUDA, under TRITON_INTERPRET=1 elsewhere (GQA
+    groups of 1, 2, 3 and 4 heads, head dims that are not powers of two, partial blocks, an empty row)."""
+    pytest.importorskip("triton")
+    from conftest import PY, run_all
+
+    env = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+    (run,) = run_all([[PY, "-c", TRITON_CHECK]], env=env, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
 def hf_mean_attention(model, ids: list[int]) -> torch.Tensor:
     """transformers' attention of the last position over all positions, mean over heads and layers."""
     with torch.no_grad():

@@ -14,6 +14,15 @@ import torch
 from vtoken_sglang.scoring.reference import decode_scores_headsum
 
 
+def scores_impl(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The Triton kernel on CUDA, the torch reference elsewhere (same contract)."""
+    if device.type == "cuda":
+        from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
+
+        return decode_scores_headsum_triton
+    return decode_scores_headsum
+
+
 def resolve_layers(spec: str, num_layers: int) -> frozenset[int]:
     """``all`` or comma-separated indices (negative from the end) -> layer ids; raises ``ValueError`` out of range."""
     if spec == "all":
@@ -58,8 +67,9 @@ class ScoreCollector:
         B = slots.shape[0]
         acc = torch.zeros(slots.shape, dtype=torch.float32, device=slots.device)
         heads = 0
+        impl = scores_impl(slots.device)
         for layer_id, (q, scale, cap) in sorted(self.queries.items()):
-            acc += decode_scores_headsum(q[:B], key_buffer(layer_id), slots, live_len, scale, cap)
+            acc += impl(q[:B], key_buffer(layer_id), slots, live_len, scale, cap)
             heads = q.shape[1]
         if all_reduce is not None and tp_size > 1:
             all_reduce(acc)
