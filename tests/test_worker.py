@@ -1,0 +1,136 @@
+"""The compaction worker as a real process over real ZMQ sockets: its plans equal the inline planner's; malformed
+messages are dropped on both sides; kill -9 and a hang are detected, the worker comes back, planning goes on; no
+worker outlives its parent."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import zmq
+
+from core_helpers import MiniEngine
+from vtoken_sglang.core.planner import plan_reclaim
+from vtoken_sglang.worker import protocol
+from vtoken_sglang.worker.client import WorkerPlanner
+
+
+def fragmented_engine(seed: int = 0) -> MiniEngine:
+    """Several requests whose pages are left sparse by scattered evictions (something to plan)."""
+    eng = MiniEngine(num_pages=128, page_size=4, rows=8, reserve=4)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.arange(6)
+    eng.write(rows, torch.full((6,), 40))
+    for r in range(6):
+        n = int(eng.table.live_len[r])
+        cols = torch.randperm(n - 1, generator=g)[: n // 2]
+        eng.evict(torch.full_like(cols, r), cols)
+    return eng
+
+
+def wait_for(pred, timeout: float = 30.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = pred()
+        if out:
+            return out
+        time.sleep(step)
+    raise AssertionError("timed out")
+
+
+def plan_fields(plan):
+    return [plan.epoch] + [t.tolist() for t in (plan.rows, plan.n_dst, plan.src_pages, plan.src_row, plan.src_live)]
+
+
+@pytest.fixture
+def worker():
+    eng = fragmented_engine()
+    w = WorkerPlanner(eng.pool.num_pages, 8, reply_timeout_s=3.0, backoff_s=0.2)
+    yield eng, w
+    w.close()
+
+
+def roundtrip(w: WorkerPlanner, snap):
+    wait_for(lambda: w.poll() or w.ready)
+    assert w.submit(snap)
+    return wait_for(lambda: w.poll())
+
+
+def test_worker_plans_equal_inline_and_garbage_is_dropped(worker):
+    eng, w = worker
+    snap = eng.reclaimer.snapshot()
+    inline = plan_reclaim(snap)
+    assert not inline.is_empty()
+    assert plan_fields(roundtrip(w, snap)) == plan_fields(inline)
+    # garbage to the worker: dropped there, it keeps serving
+    w.sock.send_multipart([b"\x00\xffnot json"])
+    w.sock.send_multipart([b'{"v": 99, "type": "snapshot"}'])
+    assert plan_fields(roundtrip(w, snap)) == plan_fields(inline)
+    # garbage and out-of-bounds plans to the scheduler: ignored and counted, never raised
+    rogue = w.ctx.socket(zmq.DEALER)
+    rogue.connect(w.endpoint)
+    bad = plan_reclaim(snap)
+    bad = type(bad)(bad.epoch, bad.rows + 100, bad.n_dst, bad.src_pages, bad.src_row, bad.src_live)
+    for frames in ([b"garbage"], [b'{"v": 1, "type": "plan", "epoch": 0, "arrays": []}'], protocol.encode_plan(bad)):
+        rogue.send_multipart(frames)
+    wait_for(lambda: (w.poll(), w.stats.messages_ignored >= 3)[1])
+    rogue.close(0)
+    assert w.ready and w.stats.worker_restarts == 0
+
+
+def test_protocol_rejects_malformed_messages():
+    snap = fragmented_engine().reclaimer.snapshot()
+    good = protocol.encode_snapshot(snap)
+    assert protocol.decode(good)[0] == "snapshot"
+    for frames in ([], [b"[1]"], good[:2], [good[0]] + good[1:3] + [good[3][:-1]],
+                   [good[0].replace(b'"v": 1', b'"v": 2')] + good[1:],
+                   [good[0].replace(b'"snapshot"', b'"plan"')] + good[1:]):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.decode(frames)
+
+
+def test_kill_and_hang_are_survived(worker):
+    eng, w = worker
+    snap = eng.reclaimer.snapshot()
+    inline = plan_fields(plan_reclaim(snap))
+    assert plan_fields(roundtrip(w, snap)) == inline
+    first = w.proc.pid
+    os.kill(first, signal.SIGKILL)  # kill -9
+    wait_for(lambda: (w.poll(), w.stats.worker_restarts == 1 and w.ready)[1])
+    assert w.proc.pid != first
+    assert plan_fields(roundtrip(w, snap)) == inline
+    second = w.proc.pid
+    os.kill(second, signal.SIGSTOP)  # a hang: the reply never comes
+    assert w.submit(snap)
+    wait_for(lambda: (w.poll(), w.stats.worker_restarts == 2 and w.ready)[1])
+    assert w.proc.pid != second
+    assert plan_fields(roundtrip(w, snap)) == inline
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)
+
+
+def test_no_worker_outlives_its_parent(tmp_path):
+    """A parent that dies without closing: its worker notices and exits."""
+    script = ("from vtoken_sglang.worker.client import WorkerPlanner\nimport os, time\n"
+              "w = WorkerPlanner(16, 4)\n"
+              "while not (w.poll() or w.ready): time.sleep(0.05)\n"
+              "print(w.proc.pid, flush=True)\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pid = int(out.stdout.split()[0])
+
+    def gone():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, timeout=15)
+    closed = WorkerPlanner(16, 4)
+    wait_for(lambda: (closed.poll(), closed.ready)[1])
+    pid = closed.proc.pid
+    closed.close()
+    assert gone()

@@ -1,0 +1,78 @@
+"""The compaction worker process: receives page snapshots over ZMQ, answers with reclaim plans.
+
+    python -m vtoken_sglang.worker.process --endpoint ipc:///tmp/x.sock --parent-pid PID
+
+It connects a DEALER socket to the scheduler's endpoint, sends ``hello`` (a header-only message) so the scheduler
+knows it is up, then plans every snapshot it receives with the same pure planner as the inline path
+(``core.planner.plan_reclaim``). A malformed message is logged and dropped. It exits when its parent process is
+gone (checked every ``--parent-check-s``) or on SIGTERM, so a server shutdown leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from vtoken_sglang.core.planner import plan_reclaim
+from vtoken_sglang.worker import protocol
+
+logger = logging.getLogger("vtoken_sglang.worker")
+
+
+def hello_frames() -> list[bytes]:
+    return [json.dumps({"v": protocol.VERSION, "type": "hello", "pid": os.getpid(), "arrays": []}).encode()]
+
+
+def serve(endpoint: str, parent_pid: int, parent_check_s: float = 1.0) -> int:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    sock.send_multipart(hello_frames())
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    last_check = time.monotonic()
+    while not stop:
+        if time.monotonic() - last_check > parent_check_s:
+            last_check = time.monotonic()
+            if os.getppid() != parent_pid:
+                logger.warning("[vtoken worker] parent %d is gone; exiting", parent_pid)
+                break
+        if not dict(poller.poll(int(parent_check_s * 1000))).get(sock):
+            continue
+        frames = sock.recv_multipart()
+        try:
+            kind, header, arrays = protocol.decode(frames)
+            if kind != "snapshot":
+                raise protocol.ProtocolError(f"a worker expects snapshots, got {kind}")
+        except protocol.ProtocolError as err:
+            logger.warning("[vtoken worker] dropped a malformed message: %s", err)
+            continue
+        plan = plan_reclaim(protocol.to_snapshot(header, arrays))
+        sock.send_multipart(protocol.encode_plan(plan))
+    sock.close(0)
+    ctx.term()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--parent-pid", type=int, required=True)
+    ap.add_argument("--parent-check-s", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    return serve(args.endpoint, args.parent_pid, args.parent_check_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Messages between the scheduler and the compaction worker: versioned, multipart ZMQ frames, no pickle.
+
+Frame 0 is a JSON header ``{"v": VERSION, "type": ..., ...scalars, "arrays": [[name, dtype, length], ...]}``; the
+following frames are the raw little-endian bytes of those arrays, in order. ``decode`` checks everything a peer
+could get wrong (version, type, JSON, array names, dtypes, lengths, frame count, value ranges that matter) and
+raises ``ProtocolError`` with one line; the receiver logs it and drops the message.
+
+- ``snapshot`` (scheduler -> worker): ``epoch``, ``page_size``, ``free_for_relocation``; arrays ``live`` (int32),
+  ``owner`` (int32), ``blocked`` (bool), one entry per page.
+- ``plan`` (worker -> scheduler): ``epoch`` (of the snapshot it answers); arrays ``rows``, ``n_dst``, ``src_pages``,
+  ``src_row`` (int64), ``src_live`` (int32).
+- ``hello`` (worker -> scheduler, once at start): ``pid``; no arrays.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from vtoken_sglang.core.planner import Plan, Snapshot
+
+VERSION = 1
+SNAPSHOT_ARRAYS = (("live", "int32"), ("owner", "int32"), ("blocked", "bool"))
+PLAN_ARRAYS = (("rows", "int64"), ("n_dst", "int64"), ("src_pages", "int64"), ("src_row", "int64"), ("src_live", "int32"))
+
+
+class ProtocolError(ValueError):
+    """A message that is not a valid message of this protocol version; ``str(err)`` is one line."""
+
+
+def _frames(kind: str, scalars: dict, arrays: list[tuple[str, np.ndarray]]) -> list[bytes]:
+    header = {"v": VERSION, "type": kind, **scalars,
+              "arrays": [[name, str(a.dtype), int(a.size)] for name, a in arrays]}
+    return [json.dumps(header).encode()] + [np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes() for _, a in arrays]
+
+
+def encode_snapshot(snap: Snapshot) -> list[bytes]:
+    arrays = [(n, t.detach().cpu().numpy().astype(d)) for (n, d), t in zip(SNAPSHOT_ARRAYS, (snap.live, snap.owner, snap.blocked))]
+    return _frames("snapshot", {"epoch": snap.epoch, "page_size": snap.page_size,
+                                "free_for_relocation": snap.free_for_relocation}, arrays)
+
+
+def encode_plan(plan: Plan) -> list[bytes]:
+    tensors = (plan.rows, plan.n_dst, plan.src_pages, plan.src_row, plan.src_live)
+    arrays = [(n, t.detach().cpu().numpy().astype(d)) for (n, d), t in zip(PLAN_ARRAYS, tensors)]
+    return _frames("plan", {"epoch": plan.epoch}, arrays)
+
+
+def _int(header: dict, key: str, lo: int = 0) -> int:
+    value = header.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise ProtocolError(f"field {key!r} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def decode(frames: list[bytes]) -> tuple[str, dict, dict[str, np.ndarray]]:
+    """``(type, header, arrays)`` of a well-formed message; raises ``ProtocolError`` otherwise."""
+    if not frames:
+        raise ProtocolError("empty message")
+    try:
+        header = json.loads(bytes(frames[0]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProtocolError(f"header is not JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    if header.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {header.get('v')!r}, expected {VERSION}")
+    kind = header.get("type")
+    spec = {"snapshot": SNAPSHOT_ARRAYS, "plan": PLAN_ARRAYS, "hello": ()}.get(kind)
+    if spec is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    declared = header.get("arrays", [])
+    if not isinstance(declared, list) or [tuple(d[:2]) if isinstance(d, list) else d for d in declared] != [tuple(s) for s in spec]:
+        raise ProtocolError(f"{kind}: arrays must be {[n for n, _ in spec]} with dtypes {[d for _, d in spec]}")
+    if len(frames) != 1 + len(spec):
+        raise ProtocolError(f"{kind}: {len(frames) - 1} array frames, expected {len(spec)}")
+    arrays = {}
+    for (name, dtype), decl, raw in zip(spec, declared, frames[1:]):
+        n = decl[2]
+        dt = np.dtype(dtype).newbyteorder("<")
+        if not isinstance(n, int) or n < 0 or len(raw) != n * dt.itemsize:
+            raise ProtocolError(f"{kind}: array {name} has {len(raw)} bytes, expected {n} x {dt.itemsize}")
+        arrays[name] = np.frombuffer(raw, dtype=dt).astype(dtype)
+    if kind == "hello":
+        _int(header, "pid", 1)
+        return kind, header, arrays
+    _int(header, "epoch")
+    if kind == "snapshot":
+        _int(header, "page_size", 1)
+        _int(header, "free_for_relocation")
+        if not len(arrays["live"]) == len(arrays["owner"]) == len(arrays["blocked"]):
+            raise ProtocolError("snapshot: live, owner and blocked differ in length")
+        if (arrays["live"] < 0).any() or (arrays["live"] > header["page_size"]).any():
+            raise ProtocolError("snapshot: a live count is outside [0, page_size]")
+    else:
+        if len(arrays["rows"]) != len(arrays["n_dst"]) or len({len(arrays[k]) for k in ("src_pages", "src_row", "src_live")}) != 1:
+            raise ProtocolError("plan: per-request or per-page arrays differ in length")
+    return kind, header, arrays
+
+
+def to_snapshot(header: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
+    return Snapshot(header["epoch"], header["page_size"], torch.from_numpy(arrays["live"].copy()),
+                    torch.from_numpy(arrays["owner"].copy()), torch.from_numpy(arrays["blocked"].copy()),
+                    header["free_for_relocation"])
+
+
+def to_plan(header: dict, arrays: dict[str, np.ndarray], device: torch.device | str = "cpu") -> Plan:
+    t = {k: torch.from_numpy(v.copy()).to(device) for k, v in arrays.items()}
+    return Plan(header["epoch"], t["rows"], t["n_dst"], t["src_pages"], t["src_row"], t["src_live"])
