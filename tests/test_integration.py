@@ -2,7 +2,10 @@
 victims and give identical greedy tokens, vToken holds fewer pages, nothing leaks (SGLang's strict idle memory
 check is on), and the bench and frontend programs run against an evicting server."""
 
+import concurrent.futures
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -20,19 +23,36 @@ PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i
 
 @pytest.fixture(scope="module")
 def naive_and_vtoken(tiny_model, tmp_path_factory):
-    """Run the same concurrent load on a Naive-Evict server, then on a vToken server (one at a time)."""
+    """Run the same concurrent load on a Naive-Evict server, a vToken server, and a vToken server whose plans come
+    from the compaction worker, killed (-9) in the middle of the load (one server at a time)."""
     results = {}
-    for mode, flag in (("naive", "off"), ("vtoken", "on")):
+    for mode, extra in (("naive", ["--vtoken-reclaim", "off"]), ("vtoken", ["--vtoken-reclaim", "on"]),
+                        ("worker", ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"])):
         log = tmp_path_factory.mktemp(mode) / "server.log"
-        with SglangServer(tiny_model, default_server_args() + EVICT + ["--vtoken-reclaim", flag], log_path=log, env=STRICT) as s:
-            out = s.generate(PROMPTS, 160, ignore_eos=True)
-            one = s.generate(PROMPTS[3], 160, ignore_eos=True)
+        with SglangServer(tiny_model, default_server_args() + EVICT + extra, log_path=log, env=STRICT) as s:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                load = pool.submit(s.generate, PROMPTS, 160, ignore_eos=True)
+                killed = kill_worker_once_it_planned(s, load) if mode == "worker" else None
+                out = load.result()
+            one = s.generate(PROMPTS[3], 160, ignore_eos=True)  # with the worker: it restarts during this one
             reuse = prefix_reuse_probe(s)
             time.sleep(2)  # idle: SGLang runs its memory check
             state = s.get("/get_server_info")["internal_states"][0]
             results[mode] = {"ids": [o["output_ids"] for o in out], "one": one["output_ids"], "vtoken": state["vtoken"],
-                             "reuse": reuse, "log": s.log_text(), "healthy": s.proc.poll() is None}
+                             "reuse": reuse, "log": s.log_text(), "healthy": s.proc.poll() is None, "killed": killed}
     return results
+
+
+def kill_worker_once_it_planned(server: SglangServer, load) -> int:
+    """kill -9 the compaction worker as soon as it has sent a plan, while the load is still running."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not load.done():
+        st = server.get("/get_server_info")["internal_states"][0]["vtoken"]
+        if st.get("worker_plans_received", 0) > 0:
+            os.kill(st["worker_pid"], signal.SIGKILL)
+            return st["worker_pid"]
+        time.sleep(0.1)
+    raise AssertionError("the worker sent no plan during the load")
 
 
 def prefix_reuse_probe(server: SglangServer) -> dict:
@@ -51,12 +71,27 @@ def test_same_victims_identical_tokens(naive_and_vtoken):
     assert naive["vtoken"]["tokens_evicted"] > 0
     assert naive["vtoken"]["tokens_evicted"] == vtoken["vtoken"]["tokens_evicted"]
     assert naive["ids"] == vtoken["ids"] and naive["one"] == vtoken["one"]
+    worker = naive_and_vtoken["worker"]
+    assert worker["ids"] == vtoken["ids"] and worker["one"] == vtoken["one"]  # worker killed mid-load: same tokens
     assert vtoken["one"] == vtoken["ids"][3]  # alone or in a batch: the same victims
+
+
+def test_worker_planner_survives_kill(naive_and_vtoken):
+    """Plans from the worker process were applied; after kill -9 the worker came back (log line and metric),
+    planning never ran in the scheduler, and the server's shutdown left no worker behind."""
+    st, log = naive_and_vtoken["worker"]["vtoken"], naive_and_vtoken["worker"]["log"]
+    assert st["plans_admitted"] > 0 and st["pages_reclaimed"] > 0 and st["planner_ms"] == 0
+    assert st["worker_restarts"] >= 1 and st["worker_up"] == 1 and st["worker_pid"] != naive_and_vtoken["worker"]["killed"]
+    assert "compaction worker" in log and "exited with -9" in log
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{st['worker_pid']}"):
+        time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{st['worker_pid']}")
 
 
 def test_decode_positions_are_logical_after_eviction(naive_and_vtoken):
     """Checked in the server against SGLang's own request bookkeeping (prompt + generated - 1), every decode step."""
-    for mode in ("naive", "vtoken"):
+    for mode in ("naive", "vtoken", "worker"):
         st = naive_and_vtoken[mode]["vtoken"]
         assert st["requests_managed"] > 0 and st["position_checks"] > 1000
         assert st["position_mismatches"] == 0
@@ -71,7 +106,7 @@ def test_reclaim_frees_pages(naive_and_vtoken):
 
 
 def test_no_leaks(naive_and_vtoken):
-    for mode in ("naive", "vtoken"):
+    for mode in ("naive", "vtoken", "worker"):
         r = naive_and_vtoken[mode]
         assert r["healthy"], r["log"][-3000:]
         assert r["vtoken"]["live_tokens"] == 0 and r["vtoken"]["allocated_pages"] == 0

@@ -20,7 +20,6 @@ BAD_CLI = [
     (["--enable-vtoken", "--enable-streaming-session"], "--enable-streaming-session: streaming sessions (rows kept across requests) are not supported"),
     (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
     (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
-    (["--enable-vtoken", "--vtoken-planner", "worker"], "--vtoken-planner worker: the compaction worker is not available"),
     (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512"], "--vtoken-policy snapkv: prefill-window scores are not collected in the server yet"),
     (["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs a score-based policy"),
     (["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-score-layers", "x"], "--vtoken-score-layers: expected all or a comma-separated list"),

@@ -1,6 +1,7 @@
 """Tensor parallelism on CPU (--tp 2, gloo): with vToken on, both ranks apply the same victims and the same plans
 (checked through each rank's decision digests, not assumed), and reclaim on vs off gives identical outputs; for a
-score-based policy too (each rank sees half of the heads; the scores are summed over the TP group)."""
+score-based policy too (each rank sees half of the heads; the scores are summed over the TP group), with plans
+from the compaction worker (one, on rank 0, whose plans every rank applies)."""
 
 import ast
 import re
@@ -15,10 +16,10 @@ PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i
 IDLE = re.compile(r"\[vtoken\] idle tp_rank=(\d) (\{.*\})")
 
 
-def run_tp2(tiny_model, policy: str, reclaim: str) -> tuple[list, dict[int, dict]]:
+def run_tp2(tiny_model, policy: str, reclaim: str, planner: str = "inline") -> tuple[list, dict[int, dict]]:
     flags = default_server_args(max_total_tokens=8192) + [
         "--tp", "2", "--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", "0.5",
-        "--vtoken-recent", "8", "--vtoken-reclaim", reclaim]
+        "--vtoken-recent", "8", "--vtoken-reclaim", reclaim, "--vtoken-planner", planner]
     with SglangServer(tiny_model, flags, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}) as s:
         ids = [o["output_ids"] for o in s.generate(PROMPTS, 120, ignore_eos=True)]
         import time
@@ -32,9 +33,9 @@ def run_tp2(tiny_model, policy: str, reclaim: str) -> tuple[list, dict[int, dict
     return ids, ranks
 
 
-@pytest.mark.parametrize("policy", ["random", "h2o"])
-def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy):
-    on_ids, on = run_tp2(tiny_model, policy, "on")
+@pytest.mark.parametrize("policy, planner", [("random", "inline"), ("h2o", "worker")])
+def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy, planner):
+    on_ids, on = run_tp2(tiny_model, policy, "on", planner)
     off_ids, off = run_tp2(tiny_model, policy, "off")
     for ranks in (on, off):
         assert set(ranks) == {0, 1}
@@ -45,3 +46,6 @@ def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy):
     assert on[0]["digest_victims"] == off[0]["digest_victims"]
     assert on[0]["plans_admitted"] > 0 and off[0]["plans_admitted"] == 0
     assert on_ids == off_ids
+    if planner == "worker":  # planned in the worker, applied by both ranks from rank 0's broadcast
+        assert on[0]["worker_plans_received"] > 0 and on[0]["worker_restarts"] == 0 and on[0]["planner_ms"] == 0
+        assert "worker_up" not in on[1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -173,11 +174,19 @@ class Reclaimer:
 
     # ------------------------------------------------------------------ the loop
 
-    def step(self) -> list[Plan]:
+    def step(self, external: Callable[[], Plan | None] | None = None) -> list[Plan]:
         """One engine step: release what is due, plan and apply while triggered (up to ``max_rounds``), advance
-        the epoch. Returns the plans applied."""
+        the epoch. Returns the plans applied. ``external``: plans come from elsewhere (a compaction worker); it is
+        called once, and the plan it returns, if any, is validated and applied or dropped like an inline one."""
         self.release_ready()
         applied: list[Plan] = []
+        if external is not None:
+            plan = external()
+            if plan is not None and not plan.is_empty() and self.apply(plan):
+                applied.append(plan)
+                self.release_ready()
+            self.epoch += 1
+            return applied
         rounds = self.max_rounds if self.grace_steps == 0 else 1
         while len(applied) < rounds and self.needs_reclaim():
             plan = self.plan()

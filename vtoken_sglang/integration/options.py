@@ -226,5 +226,3 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
             f"{flag('disable_cuda_graph')}"
         )
-    if cfg.vtoken_planner == "worker":
-        raise ConfigError(f"{display('vtoken_planner')} worker: the compaction worker is not available in this version; use inline")

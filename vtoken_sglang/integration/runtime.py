@@ -113,6 +113,7 @@ class VTokenRuntime:
         self.scorer = (ScoreCollector(len(kv_pool.k_buffer), cfg.vtoken_score_layers, cfg.vtoken_score_every)
                        if self.policy is not None and self.policy.needs_scores else None)
         self.tp_size = 1
+        self.worker_link = None  # worker_link.WorkerLink with --vtoken-planner worker (set by the scheduler hook)
         self.tp_all_reduce = None  # set by the scheduler hook: in-place sum over the TP group
         self.score_dump = None  # debug: list of (token ids seen, scores) per scored step of the batch's first request
 
@@ -179,8 +180,11 @@ class VTokenRuntime:
             self._fold(self.table.row_key[vr], self.table.logical[vr, vc].to(torch.int64), "victims")
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
-        for plan in self.reclaimer.step():
+        link = self.worker_link
+        for plan in self.reclaimer.step(link.next_plan if link is not None else None):
             self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
+        if link is not None:
+            link.after_step()
         self._publish_lengths(batch)
         self.rounds += 1
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
@@ -287,4 +291,5 @@ class VTokenRuntime:
             "position_checks": self.position_checks,
             "position_mismatches": self.position_mismatches,
             **st.as_dict(),
+            **(self.worker_link.metrics() if self.worker_link is not None else {}),
         }

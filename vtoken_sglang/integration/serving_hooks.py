@@ -40,6 +40,15 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
                          f"{type(allocator).__name__} over {type(allocator.get_kvcache()).__name__}")
     RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
     RUNTIME.prompt_in_tree = not scheduler.server_args.disable_radix_cache
+    if cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        from vtoken_sglang.integration.worker_link import WorkerLink, tp_broadcaster
+
+        group = get_tp_group()
+        RUNTIME.reclaimer.max_plan_lag = 8  # a worker's plan arrives a step or more after its snapshot
+        RUNTIME.worker_link = WorkerLink(RUNTIME.reclaimer, scheduler.req_to_token_pool.req_to_token.shape[0],
+                                         group.rank_in_group, tp_broadcaster(group) if group.world_size > 1 else None)
     if RUNTIME.scorer is not None:
         from sglang.srt.distributed.parallel_state import get_tp_group
 

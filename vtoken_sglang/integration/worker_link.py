@@ -1,0 +1,78 @@
+"""``--vtoken-planner worker`` inside a scheduler: reclaim plans come from a compaction worker process.
+
+One worker per server, started by TP rank 0's scheduler; every rank applies the plans rank 0 broadcasts over the
+TP group's CPU group. Why one, not one per rank: ranks must keep identical page accounting (SGLang's schedulers
+decide admission and retraction independently, from the same state), and replies from per-rank workers arrive at
+different steps. The broadcast happens only in steps where reclaim is wanted, which every rank agrees on (same
+state, same trigger), so all ranks enter it together.
+
+Per step (``Reclaimer.step(external=link.next_plan)`` then ``link.after_step()``):
+1. ``next_plan``: rank 0 takes the newest plan the worker sent (non-blocking); if reclaim is wanted, the plan (or
+   nothing) is broadcast and every rank validates and applies it, or drops it, the same way.
+2. ``after_step``: if reclaim is still wanted and the worker is idle, rank 0 sends it a snapshot of the state
+   after this step's changes.
+If the worker is down, rank 0 broadcasts nothing: reclaim pauses (pressure still reclaims inline before
+retracting), serving goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from vtoken_sglang.core.planner import Plan
+from vtoken_sglang.core.reclaimer import Reclaimer
+from vtoken_sglang.worker import protocol
+from vtoken_sglang.worker.client import WorkerPlanner
+
+
+class WorkerLink:
+    def __init__(self, reclaimer: Reclaimer, num_rows: int, tp_rank: int = 0,
+                 broadcast: Callable[[object], object] | None = None, **client_kwargs):
+        self.reclaimer = reclaimer
+        self.broadcast = broadcast  # TP size > 1: rank 0's object -> every rank's copy
+        self.client = WorkerPlanner(reclaimer.pool.num_pages, num_rows, **client_kwargs) if tp_rank == 0 else None
+        self.held: Plan | None = None
+        self.device = reclaimer.pool.device
+
+    def next_plan(self) -> Plan | None:
+        if self.client is not None:
+            newest = self.client.poll(self.device)
+            self.held = newest if newest is not None else self.held
+        if not self.reclaimer.needs_reclaim():
+            return None
+        plan, self.held = self.held, None
+        if self.broadcast is not None:
+            frames = self.broadcast(protocol.encode_plan(plan) if plan is not None else None)
+            if frames is not None and self.client is None:
+                _, header, arrays = protocol.decode(frames)
+                plan = protocol.to_plan(header, arrays, self.device)
+        return plan
+
+    def after_step(self) -> None:
+        if self.client is not None and self.reclaimer.needs_reclaim():
+            self.client.submit(self.reclaimer.snapshot(copy=True))
+
+    def metrics(self) -> dict:
+        if self.client is None:
+            return {}
+        st = self.client.stats
+        return {"worker_up": st.worker_up, "worker_restarts": st.worker_restarts, "worker_pid": self.client.proc.pid if self.client.proc else 0,
+                "worker_snapshots_sent": st.snapshots_sent, "worker_plans_received": st.plans_received,
+                "worker_messages_ignored": st.messages_ignored}
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def tp_broadcaster(group) -> Callable[[object], object]:
+    """Broadcast a small picklable object (bytes frames or None) from TP rank 0 over the group's CPU (gloo) group."""
+
+    def broadcast(obj):
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=group.ranks[0], group=group.cpu_group)
+        return box[0]
+
+    return broadcast
