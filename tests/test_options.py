@@ -1,7 +1,6 @@
 """vToken's flags inside SGLang's own argument flow: --help lists them, bad values and combinations exit at start
 with one line naming the flag (status 2, no traceback), sgl.Engine rejects bad keywords, SGLang's flags still work."""
 
-import sys
 
 import pytest
 

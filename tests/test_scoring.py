@@ -20,7 +20,6 @@ PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in ra
 def hf_run(tiny_model):
     """One forward of the tiny model in transformers: per layer, HF's probabilities and the q/k it attended with."""
     from transformers import AttentionInterface, AutoModelForCausalLM
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: F401 (registry populated)
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     captured = []

@@ -1,7 +1,6 @@
 """The tiny model is deterministic, reused from its directory, loadable by transformers, and long-context."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
