@@ -34,13 +34,26 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
                 load = pool.submit(s.generate, PROMPTS, 160, ignore_eos=True)
                 killed = kill_worker_once_it_planned(s, load) if mode == "worker" else None
                 out = load.result()
-            one = s.generate(PROMPTS[3], 160, ignore_eos=True)  # with the worker: it restarts during this one
+            one = s.generate(PROMPTS[3], 160, ignore_eos=True)
             reuse = prefix_reuse_probe(s)
+            if mode == "worker":
+                wait_until_worker_is_back(s)
             time.sleep(2)  # idle: SGLang runs its memory check
             state = s.get("/get_server_info")["internal_states"][0]
             results[mode] = {"ids": [o["output_ids"] for o in out], "one": one["output_ids"], "vtoken": state["vtoken"],
                              "reuse": reuse, "log": s.log_text(), "healthy": s.proc.poll() is None, "killed": killed}
     return results
+
+
+def wait_until_worker_is_back(server: SglangServer, timeout: float = 120) -> None:
+    """The restarted worker has said hello (its client checks health at every step and when the scheduler is idle)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = server.get("/get_server_info")["internal_states"][0]["vtoken"]
+        if st["worker_restarts"] >= 1 and st["worker_up"] == 1:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the worker did not come back: {st}")
 
 
 def kill_worker_once_it_planned(server: SglangServer, load) -> int:

@@ -185,8 +185,8 @@ def check_decode_mem(original, batch, *args, **kwargs):
 
 
 def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it)
-    and bring the Prometheus series to their idle values."""
+    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it),
+    bring the Prometheus series to their idle values, and let the compaction worker's client check its health."""
     if RUNTIME is not None and RUNTIME.rounds != RUNTIME.logged_rounds:
         from sglang.srt.runtime_context import get_parallel
 
@@ -195,6 +195,8 @@ def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
         logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, m)
         if RUNTIME.exporter is not None:
             RUNTIME.exporter.update(m)
+    if RUNTIME is not None and RUNTIME.worker_link is not None:
+        RUNTIME.worker_link.poll()
     if RUNTIME is not None and RUNTIME.score_dump:
         torch.save(RUNTIME.score_dump, SCORE_DUMP + ".tmp")
         os.replace(SCORE_DUMP + ".tmp", SCORE_DUMP)  # readers never see a partial file

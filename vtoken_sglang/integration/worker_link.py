@@ -36,10 +36,15 @@ class WorkerLink:
         self.held: Plan | None = None
         self.device = reclaimer.pool.device
 
-    def next_plan(self) -> Plan | None:
+    def poll(self) -> None:
+        """Rank 0: take what the worker sent, and run the client's health check (restarts progress even while
+        the scheduler is idle). No collective: safe to call from one rank alone."""
         if self.client is not None:
             newest = self.client.poll(self.device)
             self.held = newest if newest is not None else self.held
+
+    def next_plan(self) -> Plan | None:
+        self.poll()
         if not self.reclaimer.needs_reclaim():
             return None
         plan, self.held = self.held, None
