@@ -158,6 +158,17 @@ class VTokenRuntime:
         """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch."""
         if self.policy is None:
             return
+        link = self.worker_link
+        if link is not None:  # a worker's plan: applied before this step's evictions change its source pages
+            for plan in self.reclaimer.step(link.next_plan):
+                self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
+        try:
+            self._evict(batch)
+        finally:
+            if link is not None:
+                link.after_step()  # snapshot the state after this step's evictions
+
+    def _evict(self, batch) -> None:
         # Vectorized over the batch: which running requests exceed budget + slack (by logical length).
         rows = batch.req_pool_indices.to(torch.int64)
         live = batch.seq_lens.to(torch.int64)
@@ -180,11 +191,9 @@ class VTokenRuntime:
             self._fold(self.table.row_key[vr], self.table.logical[vr, vc].to(torch.int64), "victims")
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
-        link = self.worker_link
-        for plan in self.reclaimer.step(link.next_plan if link is not None else None):
-            self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
-        if link is not None:
-            link.after_step()
+        if self.worker_link is None:
+            for plan in self.reclaimer.step():
+                self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
         self._publish_lengths(batch)
         self.rounds += 1
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
