@@ -16,6 +16,15 @@ from vtoken_sglang.scoring.reference import decode_scores_headsum
 
 
 @triton.jit
+def _block_logits(q, K, Slots, b, h, offs_w, wmask, offs_d, dmask, scale, stride_kn, stride_kh, stride_sb):
+    """Logits ``[BLOCK_G, BLOCK_W]`` of the group's queries against one block of the row's live keys."""
+    slot = tl.load(Slots + b * stride_sb + offs_w, mask=wmask, other=0).to(tl.int64)
+    k = tl.load(K + slot[:, None] * stride_kn + h * stride_kh + offs_d[None, :],
+                mask=wmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    return tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+
+
+@triton.jit
 def _scores_kernel(Q, K, Slots, LiveLen, Out, scale,
                    stride_qb, stride_qh, stride_kn, stride_kh, stride_sb, stride_ob, stride_oh,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -34,10 +43,7 @@ def _scores_kernel(Q, K, Slots, LiveLen, Out, scale,
     for w0 in range(0, n, BLOCK_W):  # pass 1: running max and sum of exp per query head
         offs_w = w0 + tl.arange(0, BLOCK_W)
         wmask = offs_w < n
-        slot = tl.load(Slots + b * stride_sb + offs_w, mask=wmask, other=0).to(tl.int64)
-        k = tl.load(K + slot[:, None] * stride_kn + h * stride_kh + offs_d[None, :],
-                    mask=wmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        s = _block_logits(q, K, Slots, b, h, offs_w, wmask, offs_d, dmask, scale, stride_kn, stride_kh, stride_sb)
         s = tl.where(wmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         s_sum = s_sum * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
@@ -45,10 +51,7 @@ def _scores_kernel(Q, K, Slots, LiveLen, Out, scale,
     for w0 in range(0, n, BLOCK_W):  # pass 2: probabilities, summed over the group's query heads
         offs_w = w0 + tl.arange(0, BLOCK_W)
         wmask = offs_w < n
-        slot = tl.load(Slots + b * stride_sb + offs_w, mask=wmask, other=0).to(tl.int64)
-        k = tl.load(K + slot[:, None] * stride_kn + h * stride_kh + offs_d[None, :],
-                    mask=wmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        s = _block_logits(q, K, Slots, b, h, offs_w, wmask, offs_d, dmask, scale, stride_kn, stride_kh, stride_sb)
         p = tl.exp(s - m[:, None]) / s_sum[:, None]
         p = tl.where(gmask[:, None] & wmask[None, :], p, 0.0)
         tl.store(Out + b * stride_ob + h * stride_oh + offs_w, tl.sum(p, axis=0), mask=wmask)
