@@ -112,6 +112,17 @@ def test_snapkv_pools_prefill_window_and_spares_generated_tokens():
     vr, vc = pol.select_victims(eng.table, rows)
     eng.evict(vr, vc)
     assert kept_logical(eng, 0)[-6:] == list(range(32, 38))
+    # once no scored prompt token is left, generated tokens go oldest first, and never a protected one
+    eng.write(rows, torch.tensor([12]))
+    vr, vc = pol.select_victims(eng.table, rows)
+    eng.evict(vr, vc)
+    assert kept_logical(eng, 0) == list(range(42, 50))
+    eng, rows = engine_with([16])  # with sinks: they stay, whatever the unscored tokens rank
+    pol = evict_with(eng, rows, "snapkv", attn=torch.rand(1, 16), prefill=True, budget=6, sinks=2, recent=4)
+    eng.write(rows, torch.tensor([20]))
+    vr, vc = pol.select_victims(eng.table, rows)
+    eng.evict(vr, vc)
+    assert kept_logical(eng, 0) == [0, 1, 32, 33, 34, 35]
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

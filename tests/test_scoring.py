@@ -13,7 +13,8 @@ from vtoken_sglang.scoring import decode_scores_headsum
 
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 _rng = random.Random(3)
-PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)]
+# the last prompt is shorter than a page: no tree prefix, so the request's release hands SGLang one page
+PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)] + [[11, 12, 13, 14, 15]]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,9 @@ def hf_run(tiny_model):
 
     def capture(module, query, key, value, attention_mask, **kwargs):
         captured.append((query.detach().clone(), key.detach().clone()))
+        if attention_mask is None:  # transformers leaves causality to a custom kernel: give eager its mask
+            T = query.shape[2]
+            attention_mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
         return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("vtoken_capture", capture)
@@ -33,7 +37,7 @@ def hf_run(tiny_model):
     ids = torch.randint(10, 2000, (1, 77), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model(ids, output_attentions=True)
-    return model.config, captured, [a[0, :, -1, :] for a in out.attentions]  # newest query: [Hq, T] per layer
+    return model.config, captured, [a[0] for a in out.attentions]  # per layer [Hq, T (queries), T (keys)]
 
 
 def _as_pool(key: torch.Tensor, seed: int):
@@ -50,6 +54,7 @@ def test_scores_equal_hf_attention_probabilities(hf_run):
     scale = cfg.head_dim ** -0.5
     assert cfg.num_attention_heads != cfg.num_key_value_heads  # the tiny model is GQA
     for layer, ((q, k), p) in enumerate(zip(captured, probs)):
+        p = p[:, -1, :]  # the newest query
         pool, slots = _as_pool(k, seed=layer)
         got = decode_scores_headsum(q[0, :, -1, :][None], pool, slots[None], torch.tensor([k.shape[2]]), scale)
         torch.testing.assert_close(got[0], p.sum(0), rtol=1e-4, atol=1e-6)
@@ -76,6 +81,32 @@ def test_live_row_subset_and_batch(hf_run):
     torch.testing.assert_close(got[0, : len(live)], want, rtol=1e-4, atol=1e-6)
     assert bool((got[0, len(live):] == 0).all())
     assert got[1].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
+
+
+def test_snapkv_window_scores_equal_hf(hf_run):
+    """SnapKV's prefill scores through the collector (the window's rows picked out of a two-request extend batch,
+    each request's keys read through its row): equal to transformers' probabilities of the last w queries, summed
+    over them, mean over heads and layers; the second request has a cached prefix (its positions start there)."""
+    from vtoken_sglang.scoring import ScoreCollector
+
+    cfg, captured, probs = hf_run
+    T, w, prefix = captured[0][1].shape[2], 8, 30
+    layers = len(captured)
+    pools = [_as_pool(k, seed=7) for _, k in captured]  # one seed: a token has the same slot in every layer
+    perm = pools[0][1]
+    col = ScoreCollector(layers, "all", decode=False, prefill_window=w)
+    col.begin_forward(True)
+    assert not col.active  # snapkv scores no decode step
+    # request A: the whole prompt extended; request B: the same prompt with `prefix` tokens cached
+    col.begin_forward(False, [T, T - prefix], [0, prefix])
+    for layer, (q, _) in enumerate(captured):
+        rows = q[0].transpose(0, 1).reshape(T, -1)  # [T, Hq * D], the engine's layout
+        col.save_query(layer, torch.cat([rows, rows[prefix:]]), cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5)
+    got = col.window_scores(lambda layer: pools[layer][0], [perm, perm])
+    want = torch.stack([p[:, -w:, :].sum(1).mean(0) for p in probs]).mean(0)
+    for g in got:
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6)
+    assert col.prefills_scored == 1 and col.window_scores(lambda layer: pools[layer][0], [perm, perm]) is None
 
 
 TRITON_CHECK = """
@@ -109,51 +140,63 @@ def test_triton_kernel_equals_reference():
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
-def hf_mean_attention(model, ids: list[int]) -> torch.Tensor:
-    """transformers' attention of the last position over all positions, mean over heads and layers."""
+def hf_mean_attention(model, ids: list[int], window: int = 0) -> torch.Tensor:
+    """transformers' attention over all positions, mean over heads and layers: of the last position, or (window)
+    summed over the last ``window`` positions (SnapKV's observation window)."""
     with torch.no_grad():
         out = model(torch.tensor([ids]), output_attentions=True)
-    return torch.stack([a[0, :, -1, :].mean(0) for a in out.attentions]).mean(0)
+    queries = slice(-window, None) if window else slice(-1, None)
+    return torch.stack([a[0, :, queries, :].sum(1).mean(0) for a in out.attentions]).mean(0)
+
+
+SCORE_POLICIES = ("tova", "scissorhands", "snapkv")
 
 
 @pytest.mark.server
 def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny_model, tmp_path):
-    """In the real server: (1) the scores collected for a decoding request equal transformers' attention
-    probabilities for the same tokens (a request under budget: nothing evicted yet); (2) for h2o, tova and
-    scissorhands, Naive-Evict and vToken give identical greedy tokens, vToken holds fewer pages, nothing leaks."""
+    """In the real server: (1) the scores collected for a decoding request (tova) and SnapKV's prefill window
+    scores equal transformers' attention probabilities for the same tokens; (2) for tova, scissorhands and snapkv
+    (radix cache off: it evicts prompt tokens), Naive-Evict and vToken give identical greedy tokens, vToken holds
+    fewer pages, nothing leaks. (h2o runs in test_tp: TP 2, scores summed over the ranks.)"""
     from transformers import AutoModelForCausalLM
 
     from vtoken_sglang.serving import SglangServer, default_server_args
 
-    dump = tmp_path / "scores.pt"
     prompt = list(range(100, 177))
-    runs, steps = {}, []
-    for policy in ("h2o", "tova", "scissorhands"):
+    runs, dumps = {}, {}
+    for policy in SCORE_POLICIES:
         for reclaim in ("off", "on"):
             flags = default_server_args() + ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget", "96",
                                              "--vtoken-recent", "8", "--vtoken-reclaim", reclaim]
-            first = (policy, reclaim) == ("h2o", "off")
+            if policy == "snapkv":
+                flags += ["--disable-radix-cache", "--vtoken-window", "8"]
+            dump = tmp_path / f"{policy}-{reclaim}.pt"
+            first = reclaim == "off" and policy in ("tova", "snapkv")
             env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump)} if first else STRICT
             with SglangServer(tiny_model, flags, env=env) as s:
                 if first:  # 77 + 6 tokens < 96 + slack: scores over the full sequence, no eviction
                     s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
-                    deadline = time.monotonic() + 30  # the server writes the dump when it goes idle
+                    deadline, steps = time.monotonic() + 30, []  # the server writes the dump when it goes idle
                     while not (steps and steps[0][0][: len(prompt)] == prompt) and time.monotonic() < deadline:
                         time.sleep(0.5)
                         steps = torch.load(dump) if dump.exists() else []
+                    dumps[policy] = steps
                 out = s.post("/generate", {"input_ids": PROMPT_IDS, "sampling_params": {
                     "max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}})
                 time.sleep(2)
                 runs[policy, reclaim] = (
                     [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text())
 
-    assert [len(seen) for seen, _ in steps] == [78, 79, 80, 81]
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
-    for seen, got in steps:
+    assert [len(seen) for seen, _ in dumps["tova"]] == [78, 79, 80, 81]
+    for seen, got in dumps["tova"]:
         torch.testing.assert_close(got, hf_mean_attention(hf, seen), rtol=1e-3, atol=1e-5)
-    for policy in ("h2o", "tova", "scissorhands"):
+    assert [seen for seen, _ in dumps["snapkv"]] == [prompt]  # one prefill scored, decode steps not
+    torch.testing.assert_close(dumps["snapkv"][0][1], hf_mean_attention(hf, prompt, window=8), rtol=1e-3, atol=1e-5)
+    for policy in SCORE_POLICIES:
         (ids_off, st_off, log_off), (ids_on, st_on, log_on) = runs[policy, "off"], runs[policy, "on"]
         assert st_off["tokens_evicted"] == st_on["tokens_evicted"] > 0, policy
+        assert st_off["digest_victims"] == st_on["digest_victims"], policy
         assert ids_off == ids_on, policy
         assert st_on["pages_reclaimed"] > 0 and st_on["peak_tracked_pages"] < st_off["peak_tracked_pages"], policy
         for st, log in ((st_off, log_off), (st_on, log_on)):

@@ -14,6 +14,7 @@ from typing import Any
 
 POLICIES = ("none", "streaming", "random", "h2o", "scissorhands", "tova", "snapkv")
 SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores collected by the engine
+DECODE_SCORE_POLICIES = ("h2o", "scissorhands", "tova")  # scored at decode steps (snapkv: once, at prefill)
 PLANNERS = ("worker", "inline")
 ENV_VAR = "VTOKEN_SGLANG_CONFIG"
 
@@ -125,7 +126,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("vtoken_planner", "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline. Default: inline.", _parse_choice(PLANNERS)),
     Option("vtoken_seed", 0, "Seed of the random policy (identical on every TP rank). Default: 0.", _parse_int(0)),
     Option("vtoken_score_layers", "all", "Layers whose attention feeds score-based policies: all, or indices like 0,-1. Default: all.", _parse_layers),
-    Option("vtoken_score_every", 1, "Collect attention scores every k decode steps. Default: 1.", _parse_int(1)),
+    Option("vtoken_score_every", 1, "Collect attention scores every k decode steps (h2o, tova, scissorhands). Default: 1.", _parse_int(1)),
+    Option("vtoken_history", 32, "scissorhands: history window, in scored steps, over which importance must persist. Default: 32.", _parse_int(1)),
+    Option("vtoken_window", 32, "snapkv: observation window, the last prompt queries whose attention ranks the prompt. Default: 32.", _parse_int(1)),
+    Option("vtoken_pool", 7, "snapkv: max-pooling width over neighbouring positions (odd). Default: 7.", _parse_int(1)),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -147,6 +151,9 @@ class VTokenConfig:
     vtoken_seed: int = 0
     vtoken_score_layers: str = "all"
     vtoken_score_every: int = 1
+    vtoken_history: int = 32
+    vtoken_window: int = 32
+    vtoken_pool: int = 7
 
     @classmethod
     def build(cls, values: Mapping[str, Any], display: Callable[[str], str] = lambda n: OPTION_BY_NAME[n].flag) -> VTokenConfig:
@@ -177,10 +184,14 @@ class VTokenConfig:
             raise ConfigError(
                 f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or {display('vtoken_budget_ratio')}"
             )
-        if self.vtoken_policy not in SCORE_POLICIES:
-            for name, default in (("vtoken_score_layers", "all"), ("vtoken_score_every", 1)):
-                if getattr(self, name) != default:
-                    raise ConfigError(f"{display(name)} needs a score-based policy ({', '.join(SCORE_POLICIES)})")
+        if self.vtoken_policy not in SCORE_POLICIES and self.vtoken_score_layers != "all":
+            raise ConfigError(f"{display('vtoken_score_layers')} needs a score-based policy ({', '.join(SCORE_POLICIES)})")
+        for name, default, policies in (("vtoken_score_every", 1, DECODE_SCORE_POLICIES), ("vtoken_history", 32, ("scissorhands",)),
+                                        ("vtoken_window", 32, ("snapkv",)), ("vtoken_pool", 7, ("snapkv",))):
+            if getattr(self, name) != default and self.vtoken_policy not in policies:
+                raise ConfigError(f"{display(name)} needs {display('vtoken_policy')} {' or '.join(policies)}")
+        if self.vtoken_pool % 2 == 0:
+            raise ConfigError(f"{display('vtoken_pool')} {self.vtoken_pool}: the pooling width must be odd (centred on each position)")
         floor = self.vtoken_sinks + self.vtoken_recent
         if budget is not None and budget < floor:
             raise ConfigError(

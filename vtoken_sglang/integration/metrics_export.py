@@ -13,7 +13,7 @@ from typing import Any
 
 GAUGES = ("live_tokens", "resident_dead_tokens", "allocated_pages", "fragmentation")
 COUNTERS = ("pages_reclaimed", "tokens_moved", "tokens_evicted", "plans_admitted", "plans_rejected", "plans_stale",
-            "planner_ms", "copy_ms")
+            "planner_ms", "copy_ms", "scoring_ms")
 DOC = {
     "live_tokens": "Live tokens of requests vToken manages.",
     "resident_dead_tokens": "Evicted tokens still occupying slots of pages vToken tracks.",
@@ -27,6 +27,7 @@ DOC = {
     "plans_stale": "Relocation plans dropped for a stale epoch.",
     "planner_ms": "Milliseconds spent planning relocation.",
     "copy_ms": "Milliseconds spent issuing KV copies.",
+    "scoring_ms": "Milliseconds spent computing attention scores (score-based policies; 0 otherwise).",
 }
 
 
@@ -58,7 +59,7 @@ class PrometheusExporter:
         for n, g in self.gauges.items():
             g.labels(**self.labels).set(float(m[n]))
         for n, c in self.counters.items():
-            delta = float(m[n]) - self.last[n]
+            delta = float(m.get(n, 0.0)) - self.last[n]
             if delta > 0:
                 c.labels(**self.labels).inc(delta)
                 self.last[n] = float(m[n])

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, SCORE_POLICIES, ConfigError, VTokenConfig, kwarg_display
+from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, DECODE_SCORE_POLICIES, ConfigError, VTokenConfig, kwarg_display
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,8 @@ def stage_engine_config(raw: dict[str, Any], defer_errors: bool = False) -> None
 _CHECKED_FIELDS = {
     "page_size": None, "speculative_algorithm": None, "enable_hierarchical_cache": False, "enable_unified_memory": False,
     "disaggregation_mode": "null", "enable_streaming_session": False, "attention_backend": None, "decode_attention_backend": None,
-    "prefill_attention_backend": None, "device": None, "disable_cuda_graph": False,
+    "prefill_attention_backend": None, "device": None, "disable_cuda_graph": False, "enable_mixed_chunk": False,
+    "disable_radix_cache": False,
 }
 
 
@@ -216,12 +217,17 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     # Until the event-ordered copy path lands, vToken edits rows between steps with no forward in flight.
     if not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
-    if cfg.vtoken_policy == "snapkv":
+    if getattr(server_args, "enable_mixed_chunk", False):
         raise ConfigError(
-            f"{display('vtoken_policy')} snapkv: prefill-window scores are not collected in the server yet; use h2o, "
-            "tova or scissorhands (snapkv runs in benchmark/reclaim_sim.py)"
+            f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
+            "in an extend batch get positions from their live length, not their logical one)"
         )
-    if cfg.vtoken_policy in SCORE_POLICIES and not on_cpu and not getattr(server_args, "disable_cuda_graph", False):
+    if cfg.vtoken_policy == "snapkv" and not getattr(server_args, "disable_radix_cache", False):
+        raise ConfigError(
+            f"{display('vtoken_policy')} snapkv evicts prompt tokens, which the radix cache shares (never evicted "
+            f"without copy-on-write); add {flag('disable_radix_cache')}"
+        )
+    if cfg.vtoken_policy in DECODE_SCORE_POLICIES and not on_cpu and not getattr(server_args, "disable_cuda_graph", False):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
             f"{flag('disable_cuda_graph')}"

@@ -82,10 +82,13 @@ def _inflight_engine_kwargs() -> dict:
 
 
 def _register(hooks: dict[str, tuple[str, Callable]]) -> None:
+    """Register with SGLang's hook registry; serving hooks are timed (``hook_timer``), option hooks are not."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from vtoken_sglang.integration.hook_timer import TIMER
+
     for target, (kind, fn) in hooks.items():
-        HookRegistry.register(target, fn, HookType[kind])
+        HookRegistry.register(target, fn if target in OPTION_HOOKS else TIMER.timed(kind, fn), HookType[kind])
 
 
 def register() -> None:

@@ -15,6 +15,7 @@ then its row is exactly upstream's (dense, insertable in the radix tree). From t
 
 from __future__ import annotations
 
+import time
 import zlib
 
 import numpy as np
@@ -25,6 +26,7 @@ from vtoken_sglang.core.copy_engine import make_copy_engine
 from vtoken_sglang.core.pages import FREE, OutOfPages, PagePool
 from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
+from vtoken_sglang.integration.hook_timer import TIMER
 from vtoken_sglang.policies import PolicyConfig, make_policy
 from vtoken_sglang.policies.random import mix_hash
 from vtoken_sglang.scoring import ScoreCollector
@@ -72,6 +74,12 @@ class SglangPagePool(PagePool):
         self.owner[pages] = FREE
         self.allocator.free_page_ids(pages.to(self.allocator.device))
 
+    def disown(self, pages: torch.Tensor) -> None:
+        """Stop tracking empty pages that SGLang itself will free."""
+        pages = pages.to(self.device, torch.int64)
+        assert bool((self.owner[pages] >= 0).all()) and bool((self.live[pages] == 0).all()) and not bool(self.in_flight[pages].any())
+        self.owner[pages] = FREE
+
     def used_pages(self) -> int:
         return int((self.owner >= 0).sum())
 
@@ -85,7 +93,8 @@ class VTokenRuntime:
         self.page_size = allocator.page_size
         self.policy = make_policy(cfg.vtoken_policy, PolicyConfig(
             budget=cfg.vtoken_budget, budget_ratio=cfg.vtoken_budget_ratio, sinks=cfg.vtoken_sinks,
-            recent=cfg.vtoken_recent, slack=max(self.page_size, 16), seed=cfg.vtoken_seed,
+            recent=cfg.vtoken_recent, slack=max(self.page_size, 16), seed=cfg.vtoken_seed, history=cfg.vtoken_history,
+            window=cfg.vtoken_window, pool_kernel=cfg.vtoken_pool,
         )) if cfg.vtoken_policy != "none" else None
         self.pool = SglangPagePool(allocator, reserve=0, device=dev)
         rows, width = self.req_to_token.shape
@@ -98,7 +107,8 @@ class VTokenRuntime:
         self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)  # logical_len - live_len per row
         self.tokens_evicted = 0
         self.requests_managed = 0
-        self.rounds = 0
+        self.rounds = 0  # decode steps with an eviction round
+        self.decode_steps = 0  # decode steps seen (the denominator of per-step costs)
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
         self.peak_tracked_pages = 0  # pages of managed requests
         self.reclaim_on_pressure = 0  # reclaims forced by a decode step that would not fit
@@ -110,12 +120,17 @@ class VTokenRuntime:
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
         # Score-based policies: queries saved by the attention hook, turned into scores after each scored step.
         self.kv_pool = kv_pool
-        self.scorer = (ScoreCollector(len(kv_pool.k_buffer), cfg.vtoken_score_layers, cfg.vtoken_score_every)
+        snapkv = cfg.vtoken_policy == "snapkv"
+        self.scorer = (ScoreCollector(len(kv_pool.k_buffer), cfg.vtoken_score_layers, cfg.vtoken_score_every,
+                                      decode=not snapkv, prefill_window=cfg.vtoken_window if snapkv else 0)
                        if self.policy is not None and self.policy.needs_scores else None)
+        self.scoring_ms = 0.0  # time spent turning saved queries into scores (decode steps and prefill windows)
+        self.prefill_complete: list[bool] = []  # per request of the last prefill forward: its prompt is all in
         self.tp_size = 1
         self.worker_link = None  # worker_link.WorkerLink with --vtoken-planner worker (set by the scheduler hook)
         self.tp_all_reduce = None  # set by the scheduler hook: in-place sum over the TP group
-        self.score_dump = None  # debug: list of (token ids seen, scores) per scored step of the batch's first request
+        # debug: (token ids seen, scores) per scored step of the batch's first request (snapkv: per prefill)
+        self.score_dump = None
 
     # ------------------------------------------------------------------ requests
 
@@ -138,11 +153,20 @@ class VTokenRuntime:
 
     def release(self, req) -> None:
         """Before SGLang releases a managed request: free its private pages here and leave SGLang nothing of the
-        row to free past the tree prefix (its segment free assumes a dense row)."""
+        row to free past the tree prefix (its segment free assumes a dense row). Without a tree prefix (radix cache
+        off, or a prompt shorter than a page) SGLang asserts that a row it still holds is not empty: it gets one
+        page of the request to free itself, as a one-slot row."""
         row = req.kv.req_pool_idx
-        self.pool.free(self.table.close_row(row))
+        pages = self.table.close_row(row)
         self.offset[row] = 0
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = req.kv.cache_protected_len
+        keep = req.kv.cache_protected_len
+        if keep == 0 and pages.numel():
+            handed, pages = pages[:1], pages[1:]
+            self.pool.disown(handed)
+            self.req_to_token[row, 0] = (handed[0] * self.page_size).to(self.req_to_token.dtype)
+            keep = 1
+        self.pool.free(pages)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = keep
 
     # ------------------------------------------------------------------ per step
 
@@ -156,6 +180,7 @@ class VTokenRuntime:
 
     def evict(self, batch) -> None:
         """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch."""
+        self.decode_steps += 1
         if self.policy is None:
             return
         link = self.worker_link
@@ -200,12 +225,39 @@ class VTokenRuntime:
         self.peak_pool_pages = max(self.peak_pool_pages, used)
         self.peak_tracked_pages = max(self.peak_tracked_pages, self.pool.used_pages())
 
+    def after_prefill(self, batch) -> None:
+        """After a prefill forward scored with a window (snapkv): each request whose prompt is now complete (not a
+        middle chunk, not finished) is managed from here on, and its window's attention over the prompt goes
+        into the policy's state. Its victims are taken at its first decode step, like every eviction."""
+        if self.scorer is None or self.scorer.prefill_window == 0 or not self.scorer.window_segments:
+            return
+        t0 = time.perf_counter()
+        rows = batch.req_pool_indices.to(torch.int64).tolist()
+        lengths = [pos + w for _, w, pos in self.scorer.window_segments]
+        slots = [self.req_to_token[r, :n].to(torch.int64) for r, n in zip(rows, lengths)]
+        scores = self.scorer.window_scores(self.kv_pool.get_key_buffer, slots, self.tp_all_reduce, self.tp_size)
+        self.scoring_ms += (time.perf_counter() - t0) * 1e3
+        if scores is None:
+            return
+        keep = [i for i, (req, complete) in enumerate(zip(batch.reqs, self.prefill_complete))
+                if complete and not req.finished() and not self.is_managed(rows[i]) and req.kv.kv_committed_len == lengths[i]]
+        if not keep:
+            return
+        self._manage([batch.reqs[i] for i in keep])
+        if self.score_dump is not None:
+            self.score_dump.append((list(batch.reqs[keep[0]].origin_input_ids), scores[keep[0]].cpu()))
+        block = torch.nn.utils.rnn.pad_sequence([scores[i] for i in keep], batch_first=True)
+        self.policy.observe(self.table, torch.tensor([rows[i] for i in keep], dtype=torch.int64, device=block.device),
+                            block, prefill=True)
+
     def _observe_scores(self, batch, rows: torch.Tensor, live: torch.Tensor, running: torch.Tensor) -> None:
         """After a scored decode step: every running request's attention over its live keys goes into the policy's
         row-aligned state. Score policies manage a request from its first decode step (its state must exist before
         it first exceeds its budget)."""
+        t0 = time.perf_counter()
         slots = self.req_to_token[rows, : int(live.max())].to(torch.int64)
         attn = self.scorer.scores(self.kv_pool.get_key_buffer, slots, live, self.tp_all_reduce, self.tp_size)
+        self.scoring_ms += (time.perf_counter() - t0) * 1e3
         if attn is None:
             return
         new = [r for r, run in zip(batch.reqs, running.tolist()) if run and not self.is_managed(r.kv.req_pool_idx)]
@@ -290,6 +342,8 @@ class VTokenRuntime:
             "allocated_pages": self.pool.used_pages(),
             "fragmentation": round(self.pool.fragmentation(), 4),
             "tokens_evicted": self.tokens_evicted,
+            "decode_steps": self.decode_steps,
+            "hook_ms": round(TIMER.ms, 3),
             "requests_managed": self.requests_managed,
             "resident_dead_tokens": int(self.pool.used_pages() * self.page_size - self.pool.live[self.pool.owner >= 0].sum()),
             "peak_pool_pages": self.peak_pool_pages,
@@ -299,6 +353,8 @@ class VTokenRuntime:
             "digest_plans": self.digest["plans"],
             "position_checks": self.position_checks,
             "position_mismatches": self.position_mismatches,
+            **({"scoring_ms": round(self.scoring_ms, 3), "steps_scored": self.scorer.steps_scored,
+                "prefills_scored": self.scorer.prefills_scored} if self.scorer is not None else {}),
             **st.as_dict(),
             **(self.worker_link.metrics() if self.worker_link is not None else {}),
         }

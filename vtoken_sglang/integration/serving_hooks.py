@@ -116,7 +116,12 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
     With ``VTOKEN_SGLANG_CHECK_POSITIONS=1`` each decode batch's positions are checked against SGLang's own
     request bookkeeping (prompt length + generated tokens - 1), independently of the Token Table."""
     if RUNTIME is not None and RUNTIME.scorer is not None:
-        RUNTIME.scorer.begin_forward(ret.forward_mode.is_decode())
+        if ret.forward_mode.is_extend() and RUNTIME.scorer.prefill_window > 0:
+            # a request whose prompt is still being chunked has inflight_middle_chunks > 0 while its chunk runs
+            RUNTIME.prefill_complete = [r.inflight_middle_chunks <= 0 for r in batch.reqs]
+            RUNTIME.scorer.begin_forward(False, ret.extend_seq_lens_cpu, ret.extend_prefix_lens_cpu)
+        else:
+            RUNTIME.scorer.begin_forward(ret.forward_mode.is_decode())
     if RUNTIME is not None and ret.forward_mode.is_decode() and ret.positions is not None:
         ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
         if CHECK_POSITIONS:
@@ -132,7 +137,8 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
 
 def radix_attention_forward(result, layer, q, k, v, forward_batch, *args, **kwargs):
     """AFTER ``RadixAttention.forward`` (registered only for score-based policies): keep the query of a scored
-    layer in a scored decode step. Its key is in the KV pool now; scores are computed after the forward."""
+    layer in a scored forward (a decode step, or a prefill's window for snapkv). The keys are in the KV pool now;
+    scores are computed after the forward."""
     scorer = RUNTIME.scorer if RUNTIME is not None else None
     if scorer is not None and scorer.wants(layer.layer_id):
         scorer.save_query(layer.layer_id, q, layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, layer.logit_cap)
@@ -140,9 +146,12 @@ def radix_attention_forward(result, layer, q, k, v, forward_batch, *args, **kwar
 
 
 def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.process_batch_result``: after a decode step, evict over-budget requests and reclaim."""
+    """AFTER ``Scheduler.process_batch_result``: after a decode step, evict over-budget requests and reclaim; after
+    a prefill scored with a window (snapkv), rank the prompts."""
     if RUNTIME is not None and batch is not None and batch.forward_mode.is_decode():
         RUNTIME.evict(batch)
+    elif RUNTIME is not None and batch is not None and batch.forward_mode.is_extend():
+        RUNTIME.after_prefill(batch)
 
 
 def release_kv_cache(original, req, tree_cache, *args, **kwargs):

@@ -17,6 +17,7 @@ retracting), serving goes on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -35,6 +36,7 @@ class WorkerLink:
         self.client = WorkerPlanner(reclaimer.pool.num_pages, num_rows, **client_kwargs) if tp_rank == 0 else None
         self.held: Plan | None = None
         self.device = reclaimer.pool.device
+        self.loop_ms = 0.0  # scheduler time spent in next_plan and after_step (polling, broadcast, snapshot, send)
 
     def poll(self) -> None:
         """Rank 0: take what the worker sent, and run the client's health check (restarts progress even while
@@ -44,26 +46,32 @@ class WorkerLink:
             self.held = newest if newest is not None else self.held
 
     def next_plan(self) -> Plan | None:
-        self.poll()
-        if not self.reclaimer.needs_reclaim():
-            return None
-        plan, self.held = self.held, None
-        if self.broadcast is not None:
-            frames = self.broadcast(protocol.encode_plan(plan) if plan is not None else None)
-            if frames is not None and self.client is None:
-                _, header, arrays = protocol.decode(frames)
-                plan = protocol.to_plan(header, arrays, self.device)
-        return plan
+        t0 = time.perf_counter()
+        try:
+            self.poll()
+            if not self.reclaimer.needs_reclaim():
+                return None
+            plan, self.held = self.held, None
+            if self.broadcast is not None:
+                frames = self.broadcast(protocol.encode_plan(plan) if plan is not None else None)
+                if frames is not None and self.client is None:
+                    _, header, arrays = protocol.decode(frames)
+                    plan = protocol.to_plan(header, arrays, self.device)
+            return plan
+        finally:
+            self.loop_ms += (time.perf_counter() - t0) * 1e3
 
     def after_step(self) -> None:
+        t0 = time.perf_counter()
         if self.client is not None and self.reclaimer.needs_reclaim():
             self.client.submit(self.reclaimer.snapshot(copy=True))
+        self.loop_ms += (time.perf_counter() - t0) * 1e3
 
     def metrics(self) -> dict:
         if self.client is None:
-            return {}
+            return {"worker_link_ms": round(self.loop_ms, 3)}
         st = self.client.stats
-        return {"worker_up": st.worker_up, "worker_restarts": st.worker_restarts, "worker_pid": self.client.proc.pid if self.client.proc else 0,
+        return {"worker_link_ms": round(self.loop_ms, 3), "worker_up": st.worker_up, "worker_restarts": st.worker_restarts, "worker_pid": self.client.proc.pid if self.client.proc else 0,
                 "worker_snapshots_sent": st.snapshots_sent, "worker_plans_received": st.plans_received,
                 "worker_messages_ignored": st.messages_ignored}
 

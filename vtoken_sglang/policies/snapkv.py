@@ -2,8 +2,6 @@
 over ``pool_kernel`` neighbouring positions; keep the highest. Generated tokens are never evicted before prompt
 tokens."""
 
-import math
-
 import torch
 
 from vtoken_sglang.core.token_table import TokenTable
@@ -24,5 +22,8 @@ class SnapKVPolicy(Policy):
         table.state["snap"][rows, : attn.shape[1]] = pooled + 1.0  # +1: scored prompt tokens rank above unscored 0
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
+        # unscored (generated) tokens rank above every prompt token but below protected ones (which the driver sets
+        # to inf), so they go only once no scored candidate is left
         prompt_scored = block.state["snap"] > 0
-        return torch.where(prompt_scored, block.state["snap"].to(torch.float64), torch.full_like(block.state["snap"], math.inf, dtype=torch.float64))
+        top = torch.finfo(torch.float64).max
+        return torch.where(prompt_scored, block.state["snap"].to(torch.float64), torch.full_like(block.state["snap"], top, dtype=torch.float64))

@@ -34,3 +34,23 @@ def decode_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.
     logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with no live key (not expected) give 0
     return probs.sum(dim=(1, 2))
+
+
+def window_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, q_pos: torch.Tensor,
+                          scale: float, logit_cap: float = 0.0) -> torch.Tensor:
+    """SnapKV's observation window for one request at prefill: ``q`` ``[w, Hq, D]`` are its last ``w`` prompt
+    queries, at positions ``q_pos`` (``[w]``, into its row); ``slots`` ``[L]`` its row's KV slots (the prompt, in
+    order). Each query attends causally (keys ``j <= q_pos``). Returns ``[L]`` float32: the softmax probabilities
+    summed over the window's queries and the ``Hq`` heads this process holds (same head-sum contract as above)."""
+    w, Hq, D = q.shape
+    Hkv = k_buffer.shape[1]
+    assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
+    L = slots.shape[0]
+    keys = k_buffer[slots.to(torch.int64)].to(torch.float32)  # [L, Hkv, D]
+    qg = q.to(torch.float32).view(w, Hkv, Hq // Hkv, D)
+    logits = torch.einsum("wkgd,lkd->kgwl", qg, keys) * scale
+    if logit_cap > 0:
+        logits = logit_cap * torch.tanh(logits / logit_cap)
+    future = torch.arange(L, device=slots.device)[None, :] > q_pos.to(slots.device)[:, None]  # [w, L]
+    logits = logits.masked_fill(future[None, None], float("-inf"))
+    return torch.softmax(logits, dim=-1).sum(dim=(0, 1, 2))
