@@ -21,7 +21,9 @@ paper's budgets (5427 and 11519 pages; scaled by CONTEXT / 16384 in --quick).
 Synthetic attention for score-based policies (documented model, deterministic): token t of request r has a fixed
 heavy-tailed importance w = u^(-1/1.2) (Pareto, u uniform from a hash of (r, t)); the attention of step s is
 proportional to w * (1 + 0.3 * noise(r, t, s)) * (1 + 2 * exp(-(len - t) / 64)) (a recency bump), normalized over
-the live tokens. Both modes see the same scores, so they evict the same victims.
+the live tokens. Both modes see the same scores, so they evict the same victims. SnapKV observes only the prefill
+(its window: the prompt's attention of that step; each chunk re-ranks the prompt so far) and, as in the paper,
+evicts prompt tokens first; tova ranks by the last step alone, h2o by the sum, scissorhands by persistence.
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="4K contexts, fewer decode steps (same record fields)")
     ap.add_argument("--json", type=Path, help="write {'runs': [...]} here")
     ap.add_argument("--theta", type=float, default=Setting.theta, help="reclaim trigger on F (the paper used 0.25)")
-    ap.add_argument("--policies", nargs="+", default=["random", "h2o", "scissorhands", "streaming"])
+    ap.add_argument("--policies", nargs="+", default=["random", "h2o", "tova", "scissorhands", "snapkv", "streaming"])
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.3, 0.5, 0.7])
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -3,6 +3,8 @@ and fits more requests than Naive-Evict under random eviction (and not under non
 
 import sys
 
+import pytest
+
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmark"))
@@ -29,3 +31,11 @@ def test_no_eviction_no_gain():
     vtoken = reclaim_sim.memory_run(SMALL, "streaming", 0.5, "vtoken")
     assert naive["pages"] == vtoken["pages"] or vtoken["pages"] < naive["pages"]
     assert naive["pages"] <= 1.05 * naive["lower_bound_pages"] + SMALL.requests  # whole pages die: nothing trapped
+
+
+@pytest.mark.parametrize("policy", ["h2o", "tova", "scissorhands", "snapkv"])
+def test_score_policies_same_victims_fewer_pages(policy):
+    naive = reclaim_sim.memory_run(SMALL, policy, 0.5, "naive")
+    vtoken = reclaim_sim.memory_run(SMALL, policy, 0.5, "vtoken")
+    assert naive["lower_bound_pages"] == vtoken["lower_bound_pages"] and naive["live_tokens"] == vtoken["live_tokens"]
+    assert vtoken["pages"] <= 1.05 * vtoken["lower_bound_pages"] + SMALL.requests < naive["pages"]
