@@ -52,8 +52,10 @@ def _has_cuda() -> bool:
 
 
 def default_server_args(max_total_tokens: int = 16384, page_size: int | None = 16) -> list[str]:
-    """Flags for a small CPU server (torch_native attention, bounded KV pool, float32 for exact comparisons)."""
-    args = ["--max-total-tokens", str(max_total_tokens), "--dtype", "float32"]
+    """Flags for a small CPU server (torch_native attention, bounded KV pool, float32 for exact comparisons).
+    ``--sleep-on-idle``: an idle SGLang scheduler otherwise busy-polls and holds a whole core, which on a 2-core
+    machine halves the speed of everything else (tests and benchmarks that keep a server up between loads)."""
+    args = ["--max-total-tokens", str(max_total_tokens), "--dtype", "float32", "--sleep-on-idle"]
     if not _has_cuda():
         args += ["--device", "cpu", "--attention-backend", "torch_native"]
     if page_size is not None:
