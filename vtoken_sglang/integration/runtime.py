@@ -107,6 +107,7 @@ class VTokenRuntime:
         self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)  # logical_len - live_len per row
         self.tokens_evicted = 0
         self.requests_managed = 0
+        self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
         self.rounds = 0  # decode steps with an eviction round
         self.decode_steps = 0  # decode steps seen (the denominator of per-step costs)
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
@@ -135,7 +136,7 @@ class VTokenRuntime:
     # ------------------------------------------------------------------ requests
 
     def is_managed(self, row: int) -> bool:
-        return bool(self.table.active[row])
+        return self.n_managed > 0 and bool(self.table.active[row])
 
     def _manage(self, reqs: list) -> None:
         """Start tracking requests whose rows are still dense (upstream's)."""
@@ -150,6 +151,7 @@ class VTokenRuntime:
         for r in reqs:
             r.skip_radix_cache_insert = True
         self.requests_managed += len(reqs)
+        self.n_managed += len(reqs)
 
     def release(self, req) -> None:
         """Before SGLang releases a managed request: free its private pages here and leave SGLang nothing of the
@@ -158,6 +160,7 @@ class VTokenRuntime:
         page of the request to free itself, as a one-slot row."""
         row = req.kv.req_pool_idx
         pages = self.table.close_row(row)
+        self.n_managed -= 1
         self.offset[row] = 0
         keep = req.kv.cache_protected_len
         if keep == 0 and pages.numel():
@@ -172,6 +175,8 @@ class VTokenRuntime:
 
     def after_decode_alloc(self, batch) -> None:
         """``prepare_for_decode`` wrote one new slot per request at column ``seq_len``: register it."""
+        if self.n_managed == 0:
+            return
         rows = batch.req_pool_indices.to(torch.int64)
         managed = self.table.active[rows]
         if bool(managed.any()):
@@ -337,6 +342,7 @@ class VTokenRuntime:
 
     def metrics(self) -> dict:
         st = self.reclaimer.stats
+        assert self.n_managed == int(self.table.active.sum()), "managed-row count out of step with the Token Table"
         return {
             "live_tokens": int(self.table.live_len[self.table.active].sum()),
             "allocated_pages": self.pool.used_pages(),

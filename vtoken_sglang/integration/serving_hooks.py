@@ -46,9 +46,10 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
         from vtoken_sglang.integration.worker_link import WorkerLink, tp_broadcaster
 
         group = get_tp_group()
-        RUNTIME.reclaimer.max_plan_lag = 8  # a worker's plan arrives a step or more after its snapshot
         RUNTIME.worker_link = WorkerLink(RUNTIME.reclaimer, scheduler.req_to_token_pool.req_to_token.shape[0],
                                          group.rank_in_group, tp_broadcaster(group) if group.world_size > 1 else None)
+        # a worker's plan arrives a step or more after its snapshot, and waits up to a cadence to be broadcast
+        RUNTIME.reclaimer.max_plan_lag = 2 * RUNTIME.worker_link.every
     if RUNTIME.scorer is not None:
         from sglang.srt.distributed.parallel_state import get_tp_group
 
@@ -69,7 +70,7 @@ def alloc_decode(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, *
     """REPLACE-like AROUND ``PagedTokenToKVPoolAllocator.alloc_decode``: the next slot of a request is
     ``last_loc + 1`` while its tail page has room, else the first slot of a new page. Upstream derives this from
     ``seq_len % page_size``, which no longer holds once a row is compacted. Same contract: None when out of pages."""
-    if args or kwargs:
+    if args or kwargs or RUNTIME is None or RUNTIME.n_managed == 0:  # every row dense: upstream's rule holds
         return original(allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs)
     P = allocator.page_size
     need = (last_loc + 1) % P == 0
@@ -85,7 +86,7 @@ def alloc_decode(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, *
 
 def new_tokens_required_next_decode(original, batch, selected_indices=None):
     """AROUND ``ScheduleBatch.new_tokens_required_next_decode``: count new pages by the tail-page rule."""
-    if not batch.spec_algorithm.is_none() or RUNTIME is None:
+    if not batch.spec_algorithm.is_none() or RUNTIME is None or RUNTIME.n_managed == 0:
         return original(batch, selected_indices)
     reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
     if not reqs:
@@ -123,7 +124,8 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
         else:
             RUNTIME.scorer.begin_forward(ret.forward_mode.is_decode())
     if RUNTIME is not None and ret.forward_mode.is_decode() and ret.positions is not None:
-        ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
+        if RUNTIME.n_managed:  # unmanaged rows have offset 0
+            ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
         if CHECK_POSITIONS:
             expected = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in batch.reqs]
             got = ret.positions[: len(expected)].tolist()

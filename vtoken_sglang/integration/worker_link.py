@@ -7,10 +7,13 @@ different steps. The broadcast happens only in steps where reclaim is wanted, wh
 state, same trigger), so all ranks enter it together.
 
 Per step (``Reclaimer.step(external=link.next_plan)`` then ``link.after_step()``):
-1. ``next_plan``: rank 0 takes the newest plan the worker sent (non-blocking); if reclaim is wanted, the plan (or
+1. ``next_plan``: rank 0 takes the newest plan the worker sent (non-blocking). With one rank, a plan that arrived is
+   validated and applied or dropped at once. With TP, every ``every``-th step, if reclaim is wanted, the plan (or
    nothing) is broadcast and every rank validates and applies it, or drops it, the same way.
-2. ``after_step``: if reclaim is still wanted and the worker is idle, rank 0 sends it a snapshot of the state
-   after this step's changes.
+2. ``after_step``: every ``every``-th step, if the worker is idle and reclaim is still wanted, rank 0 sends it a
+   snapshot of the state after this step's changes. The cadence bounds the scheduler's share of the work
+   (trigger, snapshot, encoding) to an eighth of it per step with ``every`` 8, the default; plans stay valid
+   across it (the reclaimer accepts plans up to ``2 * every`` epochs old, and checks their sources anyway).
 If the worker is down, rank 0 broadcasts nothing: reclaim pauses (pressure still reclaims inline before
 retracting), serving goes on.
 """
@@ -30,8 +33,10 @@ from vtoken_sglang.worker.client import WorkerPlanner
 
 class WorkerLink:
     def __init__(self, reclaimer: Reclaimer, num_rows: int, tp_rank: int = 0,
-                 broadcast: Callable[[object], object] | None = None, **client_kwargs):
+                 broadcast: Callable[[object], object] | None = None, every: int = 8, **client_kwargs):
         self.reclaimer = reclaimer
+        self.every = every
+        self.steps = 0  # decode steps seen; the same count on every rank
         self.broadcast = broadcast  # TP size > 1: rank 0's object -> every rank's copy
         self.client = WorkerPlanner(reclaimer.pool.num_pages, num_rows, **client_kwargs) if tp_rank == 0 else None
         self.held: Plan | None = None
@@ -47,9 +52,13 @@ class WorkerLink:
 
     def next_plan(self) -> Plan | None:
         t0 = time.perf_counter()
+        self.steps += 1
         try:
             self.poll()
-            if not self.reclaimer.needs_reclaim():
+            if self.broadcast is None:  # one rank: whatever arrived is validated by the reclaimer now
+                plan, self.held = self.held, None
+                return plan
+            if self.steps % self.every or not self.reclaimer.needs_reclaim():
                 return None
             plan, self.held = self.held, None
             if self.broadcast is not None:
@@ -63,8 +72,10 @@ class WorkerLink:
 
     def after_step(self) -> None:
         t0 = time.perf_counter()
-        if self.client is not None and self.reclaimer.needs_reclaim():
-            self.client.submit(self.reclaimer.snapshot(copy=True))
+        if (self.client is not None and self.steps % self.every == 0 and self.client.can_submit()
+                and self.reclaimer.needs_reclaim()):
+            # the pool's own tensors, not copies: encoding copies them into the message at once
+            self.client.submit(self.reclaimer.snapshot(copy=False))
         self.loop_ms += (time.perf_counter() - t0) * 1e3
 
     def metrics(self) -> dict:

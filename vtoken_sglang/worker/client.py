@@ -97,6 +97,11 @@ class WorkerPlanner:
 
     # ------------------------------------------------------------------ messages
 
+    def can_submit(self) -> bool:
+        """The worker is up and has no snapshot of ours in hand (a reply that arrived is taken first)."""
+        self.poll_messages()
+        return self.ready and self.in_flight is None
+
     def submit(self, snap: Snapshot) -> bool:
         """Send a snapshot if the worker is ready and idle; False otherwise (nothing is queued)."""
         self.poll_messages()
@@ -117,7 +122,7 @@ class WorkerPlanner:
 
     def poll_messages(self, device: torch.device | str = "cpu") -> list[Plan]:
         plans = []
-        while True:
+        while self.sock.poll(0, zmq.POLLIN):  # no exception raised per empty poll (the common case)
             try:
                 frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
