@@ -13,7 +13,15 @@ reclaim); Naive-Evict its budget only when the policy's victims empty whole page
 Per run: ``max_running_requests`` (peak concurrently running, from the scheduler's per-step log),
 ``retractions`` (sum of the requests' ``num_retractions``), ``peak_allocated_pages`` (peak KV pool usage from the
 same log), ``output_throughput`` (output tokens / wall seconds), ``p95_latency_s``, ``identical_to_naive``
-(greedy token ids equal to the Naive-Evict run of the same policy).
+(greedy token ids equal to the Naive-Evict run of the same policy), ``step_ms`` (median scheduler time per decode
+step: SGLang's per-step log gives #running-req and the step's gen throughput, and N / throughput is the time since
+the previous decode step, the whole loop included), ``score_ms`` (vToken's scoring time per decode step: its
+``scoring_ms`` counter over the run's decode steps, host time).
+
+Score-based policies (h2o, tova, scissorhands, snapkv) need attention scores the engine collects; ``--score-every``
+runs vToken once per k (the first k is the one compared with Naive-Evict), and the cost of scoring is read by
+comparing ``step_ms`` with a score-free policy (random) on the same load ("off"). snapkv runs with the radix cache
+off (it evicts prompt tokens) and scores only prefills.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from vtoken_sglang.tiny_model import build  # noqa: E402
 
 PAGE = 16
 RUNNING = re.compile(r"#running-req: (\d+)")
+DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+SCORE_POLICIES = ("h2o", "tova", "scissorhands", "snapkv")
 USAGE = re.compile(r"token usage: ([0-9.]+)")
 
 
@@ -63,11 +73,15 @@ def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) ->
     }
 
 
-def run_mode(model: str, mode: str, policy: str | None, ratio: float, args) -> dict:
+def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, every: int = 1) -> dict:
     flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"]
     if mode != "plain":
         flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(ratio),
                   "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
+        if policy == "snapkv":
+            flags += ["--disable-radix-cache"]
+        elif policy in SCORE_POLICIES:
+            flags += ["--vtoken-score-every", str(every)]
     else:
         flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes
     print(f"[serve_capacity] {mode} {policy or ''}: starting a server ...", file=sys.stderr, flush=True)
@@ -78,8 +92,13 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args) -> d
         log = server.log_text()
     running = [int(m) for m in RUNNING.findall(log)]
     usage = [float(m) for m in USAGE.findall(log)]
+    steps = sorted(1e3 * int(n) / float(x) for n, x in DECODE_STEP.findall(log) if float(x) > 0)
+    vt = info.get("vtoken") or {}
     return {
         "mode": mode, "policy": policy or "none", "budget_ratio": ratio if mode != "plain" else 1.0,
+        "score_every": every if policy in SCORE_POLICIES and policy != "snapkv" else None,
+        "step_ms": round(steps[len(steps) // 2], 2) if steps else None,
+        "score_ms": round(vt["scoring_ms"] / len(steps), 3) if "scoring_ms" in vt and steps else None,
         "max_total_tokens": args.max_total_tokens, "requests": args.requests, "input_len": args.input_len,
         "output_len": args.output_len,
         "max_running_requests": max(running, default=0),
@@ -100,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=960)
+    ap.add_argument("--score-every", nargs="+", type=int, default=[1, 4],
+                    help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)")
     args = ap.parse_args(argv)
     if args.quick:
         args.max_total_tokens, args.requests, args.input_len, args.output_len = 4096, 16, 32, 480
@@ -107,24 +128,33 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     runs = [run_mode(model, "plain", None, 1.0, args)]
     for policy in args.policies:
-        naive = run_mode(model, "naive", policy, args.budget_ratio, args)
-        vtoken = run_mode(model, "vtoken", policy, args.budget_ratio, args)
+        first = args.score_every[0]
+        naive = run_mode(model, "naive", policy, args.budget_ratio, args, first)
+        vtoken = run_mode(model, "vtoken", policy, args.budget_ratio, args, first)
         naive["identical_to_naive"] = True
         vtoken["identical_to_naive"] = vtoken["_ids"] == naive["_ids"]
         runs += [naive, vtoken]
+        if policy in SCORE_POLICIES and policy != "snapkv":  # the cost of scoring every k steps (other victims)
+            for k in args.score_every[1:]:
+                extra = run_mode(model, "vtoken", policy, args.budget_ratio, args, k)
+                extra["identical_to_naive"] = None
+                runs.append(extra)
     runs[0]["identical_to_naive"] = None
     print(f"serve_capacity: {args.requests} requests x ({args.input_len} in, {args.output_len} out), "
           f"--max-total-tokens {args.max_total_tokens}, page {PAGE}, budget ratio {args.budget_ratio}")
-    hdr = f"{'mode':<8}{'policy':<11}{'max_run':>8}{'retract':>8}{'peak_pg':>8}{'out_tok/s':>10}{'p95_s':>7}{'same':>6}"
+    hdr = (f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'retract':>8}{'peak_pg':>8}{'out_tok/s':>10}{'p95_s':>7}"
+           f"{'step_ms':>8}{'score_ms':>9}{'same':>6}")
     print(hdr)
     print("-" * len(hdr))
+    dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for r in runs:
         same = "-" if r["identical_to_naive"] is None else ("yes" if r["identical_to_naive"] else "NO")
-        print(f"{r['mode']:<8}{r['policy']:<11}{r['max_running_requests']:>8}{r['retractions']:>8}{r['peak_allocated_pages']:>8}"
-              f"{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}{same:>6}")
+        print(f"{r['mode']:<8}{r['policy']:<13}{dash(r['score_every'], 'd'):>6}{r['max_running_requests']:>8}{r['retractions']:>8}"
+              f"{r['peak_allocated_pages']:>8}{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}"
+              f"{dash(r['step_ms'], '.2f'):>8}{dash(r['score_ms'], '.3f'):>9}{same:>6}")
     for policy in args.policies:
         n = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
-        v = next(r for r in runs if r["mode"] == "vtoken" and r["policy"] == policy)
+        v = next(r for r in runs if r["mode"] == "vtoken" and r["policy"] == policy)  # the first k
         gain = v["max_running_requests"] / max(n["max_running_requests"], 1)
         verdict = ""
         if policy == "random" and args.budget_ratio == 0.5:
@@ -132,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             verdict = f"  target (>= 1.8, no retraction, identical): {'met' if ok else 'MISSED'}"
         print(f"{policy}: vToken / Naive-Evict max running = {gain:.2f}, retractions {n['retractions']} -> "
               f"{v['retractions']}, throughput x{v['output_throughput'] / max(n['output_throughput'], 1e-9):.2f}{verdict}")
+    off = next((r for r in runs if r["mode"] == "vtoken" and r["policy"] == "random"), None)
+    for policy in [p for p in args.policies if p in SCORE_POLICIES and p != "snapkv"]:
+        parts = [f"every {r['score_every']}: step {dash(r['step_ms'], '.2f')} ms (scoring {dash(r['score_ms'], '.3f')} ms)"
+                 for r in runs if r["mode"] == "vtoken" and r["policy"] == policy]
+        base = f"; off (random, no scores): step {dash(off['step_ms'], '.2f')} ms" if off else ""
+        print(f"{policy} scoring cost per decode step, vToken: {', '.join(parts)}{base}")
     print(f"wall {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,158 @@
+"""vToken's overhead on real SGLang: scheduler time per decode step and serving throughput, same load, per mode.
+
+    .venv/bin/python benchmark/overhead.py [--quick] [--json PATH] [--repeats R]
+
+Modes, each on its own server (CPU, tiny model, page 16, radix cache on, a KV pool large enough that memory never
+limits the batch, so every mode runs the same batches):
+- ``plain``: SGLang without vToken, overlap scheduling off (vToken runs the non-overlapped loop, so this is the
+  like-for-like baseline); ``plain_overlap``: SGLang's default loop, for reference;
+- ``hooks``: ``--enable-vtoken`` with policy none (every hook installed, nothing evicted);
+- ``inline``: random eviction, budget ratio 0.5, reclaim planned in the scheduler (``--vtoken-planner inline``);
+- ``worker``: the same, planned by the compaction worker process (``--vtoken-planner worker``).
+
+Load: N requests sent at once (INPUT random token ids, OUTPUT greedy tokens, ignore_eos), once to warm up, then
+``--repeats`` times measured. Figures (over the measured repeats):
+- ``out_tok/s``: median output throughput (tokens / wall); ``spread``: (max - min) / median of the repeats, the
+  resolution of the comparison on this machine;
+- ``step_ms``: median scheduler time per decode step (SGLang's decode log line, every 40 steps: #running-req /
+  gen throughput over those steps);
+- ``hook_ms/step``: host time inside vToken's hooks per decode step (``hook_ms``, upstream calls excluded);
+- ``plan_ms/step``: planning time inside the scheduler loop per decode step: the inline planner's ``planner_ms``,
+  or, with the worker, everything the scheduler does for it (``worker_link_ms``: poll, snapshot, send);
+- ``copy_ms/step``: relocation copies issued per decode step.
+Targets (issue 6): hooks-only costs < 1% throughput versus plain SGLang (read with ``spread``; the direct figure is
+``hook_ms/step`` over ``step_ms``); with the worker, planning inside the loop < 0.2 ms per decode step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
+from vtoken_sglang.tiny_model import build  # noqa: E402
+
+DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
+MODES: dict[str, list[str]] = {
+    "plain": ["--disable-overlap-schedule"],
+    "plain_overlap": [],
+    "hooks": ["--enable-vtoken"],
+    "inline": ["--enable-vtoken", *EVICT, "--vtoken-planner", "inline"],
+    "worker": ["--enable-vtoken", *EVICT, "--vtoken-planner", "worker"],
+}
+COUNTERS = ("hook_ms", "decode_steps", "planner_ms", "worker_link_ms", "copy_ms", "pages_reclaimed")
+
+
+def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
+
+
+def one_load(server: SglangServer, batch: list[list[int]], output_len: int) -> tuple[float, list]:
+    """Send every request at once; (output tokens / wall seconds, the outputs)."""
+    def one(ids):
+        return server.post("/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}, timeout=1800)
+
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(len(batch)) as pool:
+        outs = list(pool.map(one, batch))
+    return sum(len(o["output_ids"]) for o in outs) / (time.monotonic() - t0), [o["output_ids"] for o in outs]
+
+
+def vtoken_counters(server: SglangServer) -> dict[str, float]:
+    state = server.get("/get_server_info")["internal_states"][0].get("vtoken") or {}
+    return {k: float(state.get(k, 0.0)) for k in COUNTERS}
+
+
+def run_mode(model: str, mode: str, args) -> dict:
+    # SGLang's default log interval (40): vToken writes its own line beside each decode line, which at interval 1
+    # would add a metrics pass to every step that a default server does not make
+    flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "40"] + MODES[mode]
+    batch = prompts(args.requests, args.input_len)
+    print(f"[overhead] {mode}: starting a server ...", file=sys.stderr, flush=True)
+    with SglangServer(model, flags) as server:
+        _, ids = one_load(server, batch, args.output_len)  # warm-up (and the outputs compared across modes)
+        before, log_start = vtoken_counters(server), len(server.log_text())
+        tputs = [one_load(server, batch, args.output_len)[0] for _ in range(args.repeats)]
+        after, log = vtoken_counters(server), server.log_text()[log_start:]
+    delta = {k: after[k] - before[k] for k in COUNTERS}
+    steps_log = sorted(1e3 * int(n) / float(x) for n, x in DECODE_STEP.findall(log) if float(x) > 0)
+    steps = delta["decode_steps"]
+    per_step = (lambda k: round(delta[k] / steps, 4) if steps else None)  # noqa: E731
+    tput = statistics.median(tputs)
+    return {
+        "mode": mode, "requests": args.requests, "input_len": args.input_len, "output_len": args.output_len,
+        "repeats": args.repeats, "output_throughput": round(tput, 1), "throughputs": [round(t, 1) for t in tputs],
+        "spread": round((max(tputs) - min(tputs)) / tput, 4),
+        "step_ms": round(steps_log[len(steps_log) // 2], 3) if steps_log else None,
+        "hook_ms_per_step": per_step("hook_ms") if mode not in ("plain", "plain_overlap") else None,
+        "plan_ms_per_step": per_step("worker_link_ms" if mode == "worker" else "planner_ms") if mode in ("inline", "worker") else None,
+        "copy_ms_per_step": per_step("copy_ms") if mode in ("inline", "worker") else None,
+        "pages_reclaimed": int(delta["pages_reclaimed"]), "decode_steps": int(steps), "_ids": ids,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="16 x (64 in, 256 out), 3 repeats")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-total-tokens", type=int, default=65536)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.input_len, args.output_len, args.repeats = 16, 64, 256, 3
+    model = str(build())
+    t0 = time.monotonic()
+    runs = [run_mode(model, mode, args) for mode in args.modes]
+    by = {r["mode"]: r for r in runs}
+    print(f"overhead: {args.requests} requests x ({args.input_len} in, {args.output_len} out), {args.repeats} measured "
+          f"repeats after a warm-up, page 16, --max-total-tokens {args.max_total_tokens}")
+    hdr = (f"{'mode':<14}{'out_tok/s':>10}{'spread':>8}{'vs plain':>9}{'step_ms':>9}{'hook_ms/st':>11}{'plan_ms/st':>11}"
+           f"{'copy_ms/st':>11}{'reclaimed':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    base = by.get("plain")
+    for r in runs:
+        rel = r["output_throughput"] / base["output_throughput"] if base else None
+        r["vs_plain"] = round(rel, 4) if rel is not None else None
+        print(f"{r['mode']:<14}{r['output_throughput']:>10.1f}{r['spread']:>8.1%}{dash(rel, '.3f'):>9}{dash(r['step_ms'], '.2f'):>9}"
+              f"{dash(r['hook_ms_per_step'], '.3f'):>11}{dash(r['plan_ms_per_step'], '.3f'):>11}"
+              f"{dash(r['copy_ms_per_step'], '.3f'):>11}{r['pages_reclaimed']:>10}")
+    if "inline" in by and "worker" in by:
+        print(f"inline and worker outputs identical: {'yes' if by['inline']['_ids'] == by['worker']['_ids'] else 'NO'}")
+    if base and "hooks" in by:
+        h = by["hooks"]
+        loss = 1 - h["output_throughput"] / base["output_throughput"]
+        direct = h["hook_ms_per_step"] / h["step_ms"] if h["step_ms"] and h["hook_ms_per_step"] is not None else None
+        print(f"hooks only: throughput {loss:+.1%} below plain (spread {max(h['spread'], base['spread']):.1%}); time in hooks "
+              f"{dash(direct, '.2%')} of a decode step; target < 1%: {'met' if direct is not None and direct < 0.01 else 'MISSED'} "
+              f"(by the direct figure)")
+    if "worker" in by:
+        w = by["worker"]["plan_ms_per_step"]
+        print(f"worker: planning inside the scheduler loop {dash(w, '.3f')} ms per decode step; target < 0.2 ms: "
+              f"{'met' if w is not None and w < 0.2 else 'MISSED'}")
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
