@@ -56,6 +56,7 @@ class WorkerPlanner:
         self.started_at = 0.0
         self.restart_at: float | None = None
         self.in_flight: tuple[int, float] | None = None  # (epoch, sent at)
+        self.latest: Plan | None = None  # the newest plan received and not yet taken by poll()
         self._start()
 
     # ------------------------------------------------------------------ process
@@ -98,12 +99,12 @@ class WorkerPlanner:
     # ------------------------------------------------------------------ messages
 
     def can_submit(self) -> bool:
-        """The worker is up and has no snapshot of ours in hand (a reply that arrived is taken first)."""
-        self.poll_messages()
+        """The worker is up and has no snapshot of ours in hand (as of the last poll)."""
         return self.ready and self.in_flight is None
 
     def submit(self, snap: Snapshot) -> bool:
-        """Send a snapshot if the worker is ready and idle; False otherwise (nothing is queued)."""
+        """Send a snapshot if the worker is ready and idle; False otherwise (nothing is queued). A plan that
+        arrived meanwhile is kept for the next ``poll``."""
         self.poll_messages()
         if not self.ready or self.in_flight is not None:
             return False
@@ -116,12 +117,16 @@ class WorkerPlanner:
         return True
 
     def poll(self, device: torch.device | str = "cpu") -> Plan | None:
-        """The next plan that arrived (or None); also the health check."""
-        plans = self.poll_messages(device)
-        return plans[-1] if plans else None
+        """The newest plan that arrived since the last ``poll`` (or None), on ``device``; also the health check."""
+        self.poll_messages()
+        plan, self.latest = self.latest, None
+        if plan is None or torch.device(device) == plan.rows.device:
+            return plan
+        return dataclasses.replace(plan, **{f: getattr(plan, f).to(device) for f in ("rows", "n_dst", "src_pages", "src_row", "src_live")})
 
-    def poll_messages(self, device: torch.device | str = "cpu") -> list[Plan]:
-        plans = []
+    def poll_messages(self) -> None:
+        """Take every message waiting (non-blocking): hellos, and plans (the newest kept in ``latest``, on the
+        CPU); then the health check."""
         while self.sock.poll(0, zmq.POLLIN):  # no exception raised per empty poll (the common case)
             try:
                 frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
@@ -134,7 +139,7 @@ class WorkerPlanner:
                     continue
                 if kind != "plan":
                     raise protocol.ProtocolError(f"the scheduler expects plans, got {kind}")
-                plan = protocol.to_plan(header, arrays, device)
+                plan = protocol.to_plan(header, arrays, "cpu")
                 self._check_bounds(plan)
             except protocol.ProtocolError as err:
                 self.stats.messages_ignored += 1
@@ -144,9 +149,8 @@ class WorkerPlanner:
                 self.in_flight = None
             self.stats.plans_received += 1
             self.backoff = self.backoff0
-            plans.append(plan)
+            self.latest = plan
         self._check_health()
-        return plans
 
     def _check_bounds(self, plan: Plan) -> None:
         for name, t, hi in (("rows", plan.rows, self.num_rows), ("src_row", plan.src_row, self.num_rows),
