@@ -8,8 +8,10 @@ state, same trigger), so all ranks enter it together.
 
 Per step (``Reclaimer.step(external=link.next_plan)`` then ``link.after_step()``):
 1. ``next_plan``: rank 0 takes the newest plan the worker sent (non-blocking). With one rank, a plan that arrived is
-   validated and applied or dropped at once. With TP, every ``every``-th step, if reclaim is wanted, the plan (or
-   nothing) is broadcast and every rank validates and applies it, or drops it, the same way.
+   validated and applied or dropped at once. With TP, in every step where reclaim is wanted, the plan (or nothing)
+   is broadcast and every rank validates and applies it, or drops it, the same way (only rank 0 knows when a plan
+   arrived; one broadcasting only every ``every``-th step found its plans' sources changed by the evictions
+   since, and applied none).
 2. ``after_step``: every ``every``-th step, if the worker is idle and reclaim is still wanted, rank 0 sends it a
    snapshot of the state after this step's changes. The cadence bounds the scheduler's share of the work
    (trigger, snapshot, encoding) to an eighth of it per step with ``every`` 8, the default; plans stay valid
@@ -58,7 +60,7 @@ class WorkerLink:
             if self.broadcast is None:  # one rank: whatever arrived is validated by the reclaimer now
                 plan, self.held = self.held, None
                 return plan
-            if self.steps % self.every or not self.reclaimer.needs_reclaim():
+            if not self.reclaimer.needs_reclaim():  # every step: a plan waiting for a cadence step goes stale
                 return None
             plan, self.held = self.held, None
             if self.broadcast is not None:
