@@ -28,20 +28,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import json
-import random
-import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
-DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+from serve_bench import dash, decode_step_ms, random_prompts, write_runs_json  # noqa: E402
+
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
 MODES: dict[str, list[str]] = {
     "plain": ["--disable-overlap-schedule"],
@@ -51,11 +50,6 @@ MODES: dict[str, list[str]] = {
     "worker": ["--enable-vtoken", *EVICT, "--vtoken-planner", "worker"],
 }
 COUNTERS = ("hook_ms", "decode_steps", "planner_ms", "worker_link_ms", "copy_ms", "pages_reclaimed")
-
-
-def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, 2000) for _ in range(length)] for _ in range(n)]
 
 
 def one_load(server: SglangServer, batch: list[list[int]], output_len: int) -> tuple[float, list]:
@@ -79,7 +73,7 @@ def run_mode(model: str, mode: str, args) -> dict:
     # SGLang's default log interval (40): vToken writes its own line beside each decode line, which at interval 1
     # would add a metrics pass to every step that a default server does not make
     flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "40"] + MODES[mode]
-    batch = prompts(args.requests, args.input_len)
+    batch = random_prompts(args.requests, args.input_len)
     print(f"[overhead] {mode}: starting a server ...", file=sys.stderr, flush=True)
     with SglangServer(model, flags) as server:
         _, ids = one_load(server, batch, args.output_len)  # warm-up (and the outputs compared across modes)
@@ -87,7 +81,7 @@ def run_mode(model: str, mode: str, args) -> dict:
         tputs = [one_load(server, batch, args.output_len)[0] for _ in range(args.repeats)]
         after, log = vtoken_counters(server), server.log_text()[log_start:]
     delta = {k: after[k] - before[k] for k in COUNTERS}
-    steps_log = sorted(1e3 * int(n) / float(x) for n, x in DECODE_STEP.findall(log) if float(x) > 0)
+    steps_log = decode_step_ms(log)
     steps = delta["decode_steps"]
     per_step = (lambda k: round(delta[k] / steps, 4) if steps else None)  # noqa: E731
     tput = statistics.median(tputs)
@@ -126,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
            f"{'copy_ms/st':>11}{'reclaimed':>10}")
     print(hdr)
     print("-" * len(hdr))
-    dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     base = by.get("plain")
     for r in runs:
         rel = r["output_throughput"] / base["output_throughput"] if base else None
@@ -149,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if w is not None and w < 0.2 else 'MISSED'}")
     print(f"wall {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
+        write_runs_json(args.json, runs)
     return 0
 
 

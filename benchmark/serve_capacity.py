@@ -28,28 +28,23 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import json
-import random
 import re
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
+from serve_bench import dash, decode_step_ms, random_prompts, write_runs_json  # noqa: E402
+
 PAGE = 16
 RUNNING = re.compile(r"#running-req: (\d+)")
-DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
 SCORE_POLICIES = ("h2o", "tova", "scissorhands", "snapkv")
 USAGE = re.compile(r"token usage: ([0-9.]+)")
-
-
-def make_prompts(n: int, length: int, vocab: int = 2000, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
 def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) -> dict:
@@ -86,13 +81,13 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
         flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes
     print(f"[serve_capacity] {mode} {policy or ''}: starting a server ...", file=sys.stderr, flush=True)
     with SglangServer(model, flags) as server:
-        load = run_load(server, make_prompts(args.requests, args.input_len), args.output_len)
+        load = run_load(server, random_prompts(args.requests, args.input_len), args.output_len)
         time.sleep(1)
         info = server.get("/get_server_info")["internal_states"][0]
         log = server.log_text()
     running = [int(m) for m in RUNNING.findall(log)]
     usage = [float(m) for m in USAGE.findall(log)]
-    steps = sorted(1e3 * int(n) / float(x) for n, x in DECODE_STEP.findall(log) if float(x) > 0)
+    steps = decode_step_ms(log)
     vt = info.get("vtoken") or {}
     return {
         "mode": mode, "policy": policy or "none", "budget_ratio": ratio if mode != "plain" else 1.0,
@@ -146,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
            f"{'step_ms':>8}{'score_ms':>9}{'same':>6}")
     print(hdr)
     print("-" * len(hdr))
-    dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for r in runs:
         same = "-" if r["identical_to_naive"] is None else ("yes" if r["identical_to_naive"] else "NO")
         print(f"{r['mode']:<8}{r['policy']:<13}{dash(r['score_every'], 'd'):>6}{r['max_running_requests']:>8}{r['retractions']:>8}"
@@ -170,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{policy} scoring cost per decode step, vToken: {', '.join(parts)}{base}")
     print(f"wall {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
+        write_runs_json(args.json, runs)
     return 0
 
 

@@ -1,0 +1,33 @@
+"""What the server benchmarks (serve_capacity.py, overhead.py) share: the load's prompts, the decode step times
+read from SGLang's log, the table's empty cell, and the ``--json`` record."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+# SGLang's decode log line: #running-req and the gen throughput over the steps since the previous line
+DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+
+
+def random_prompts(n: int, length: int, vocab: int = 2000, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def decode_step_ms(log: str) -> list[float]:
+    """Sorted scheduler times per decode step (ms), one per decode log line: #running-req / gen throughput."""
+    return sorted(1e3 * int(n) / float(x) for n, x in DECODE_STEP.findall(log) if float(x) > 0)
+
+
+def dash(value: float | int | None, fmt: str) -> str:
+    """A table cell: ``-`` for a missing figure."""
+    return "-" if value is None else format(value, fmt)
+
+
+def write_runs_json(path: Path, runs: list[dict]) -> None:
+    """``{"runs": [...]}`` without the private (``_``-prefixed) fields."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
