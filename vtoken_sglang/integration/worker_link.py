@@ -63,11 +63,10 @@ class WorkerLink:
             if not self.reclaimer.needs_reclaim():  # every step: a plan waiting for a cadence step goes stale
                 return None
             plan, self.held = self.held, None
-            if self.broadcast is not None:
-                frames = self.broadcast(protocol.encode_plan(plan) if plan is not None else None)
-                if frames is not None and self.client is None:
-                    _, header, arrays = protocol.decode(frames)
-                    plan = protocol.to_plan(header, arrays, self.device)
+            frames = self.broadcast(protocol.encode_plan(plan) if plan is not None else None)
+            if frames is not None and self.client is None:
+                _, header, arrays = protocol.decode(frames)
+                plan = protocol.to_plan(header, arrays, self.device)
             return plan
         finally:
             self.loop_ms += (time.perf_counter() - t0) * 1e3
