@@ -129,6 +129,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("vtoken_score_every", 1, "Collect attention scores every k decode steps (h2o, tova, scissorhands). Default: 1.", _parse_int(1)),
     Option("vtoken_history", 32, "scissorhands: history window, in scored steps, over which importance must persist. Default: 32.", _parse_int(1)),
     Option("vtoken_window", 32, "snapkv: observation window, the last prompt queries whose attention ranks the prompt. Default: 32.", _parse_int(1)),
+    Option("vtoken_cow", True, "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper). Default: on.", _parse_on_off),
     Option("vtoken_pool", 7, "snapkv: max-pooling width over neighbouring positions (odd). Default: 7.", _parse_int(1)),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -154,6 +155,7 @@ class VTokenConfig:
     vtoken_history: int = 32
     vtoken_window: int = 32
     vtoken_pool: int = 7
+    vtoken_cow: bool = True
 
     @classmethod
     def build(cls, values: Mapping[str, Any], display: Callable[[str], str] = lambda n: OPTION_BY_NAME[n].flag) -> VTokenConfig:
@@ -216,7 +218,7 @@ class VTokenConfig:
         budget = self.vtoken_budget if self.vtoken_budget is not None else self.vtoken_budget_ratio
         return (
             f"vToken on: policy={self.vtoken_policy} budget={budget} sinks={self.vtoken_sinks} recent={self.vtoken_recent} "
-            f"reclaim={'on' if self.vtoken_reclaim else 'off'} theta={self.vtoken_theta} planner={self.vtoken_planner} seed={self.vtoken_seed}"
+            f"reclaim={'on' if self.vtoken_reclaim else 'off'} cow={'on' if self.vtoken_cow else 'off'} theta={self.vtoken_theta} planner={self.vtoken_planner} seed={self.vtoken_seed}"
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 GAUGES = ("live_tokens", "resident_dead_tokens", "allocated_pages", "fragmentation")
 COUNTERS = ("pages_reclaimed", "tokens_moved", "tokens_evicted", "plans_admitted", "plans_rejected", "plans_stale",
-            "planner_ms", "copy_ms", "scoring_ms")
+            "planner_ms", "copy_ms", "scoring_ms", "cow_copies", "cow_tokens_copied", "cow_pages_released")
 DOC = {
     "live_tokens": "Live tokens of requests vToken manages.",
     "resident_dead_tokens": "Evicted tokens still occupying slots of pages vToken tracks.",
@@ -28,6 +28,9 @@ DOC = {
     "planner_ms": "Milliseconds spent planning relocation.",
     "copy_ms": "Milliseconds spent issuing KV copies.",
     "scoring_ms": "Milliseconds spent computing attention scores (score-based policies; 0 otherwise).",
+    "cow_copies": "Copy-on-write decisions: requests that copied their live prefix tokens out of radix-tree pages.",
+    "cow_tokens_copied": "Live prefix tokens copied out of radix-tree pages.",
+    "cow_pages_released": "Radix-tree pages left without any lock by copy-on-write (the tree may evict them).",
 }
 
 

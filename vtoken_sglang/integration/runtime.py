@@ -5,9 +5,10 @@ Which rows vToken manages: a request becomes *managed* the first time it exceeds
 then its row is exactly upstream's (dense, insertable in the radix tree). From then on:
 - its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order; ``seq_len`` = live count;
 - ``req.skip_radix_cache_insert`` is set (its row no longer matches its token ids);
-- the tree-owned prefix ``[0, cache_protected_len)`` is never moved or freed, and not an eviction candidate: its
-  pages stay allocated (the request locks them in the tree) whatever the view keeps, so dropping them would free
-  nothing; they count toward the budget (copy-on-write, a later step, makes them candidates);
+- tokens of its tree-owned prefix (logical positions below ``cache_protected_len``) are eviction candidates like any
+  other, but evicting one only drops it from the request's view: its slot is the tree's, never moved or freed here,
+  and its page stays allocated while the request locks the node. Copy-on-write (``prefix_cow``) copies the live
+  ones into private pages and moves the lock up the tree, when that frees pages;
 - its private pages are tracked in ``SglangPagePool`` (owner = row, live counts);
 - positions come from the Token Table (``logical_len``), its next slot from the tail-page rule, and its pages are
   released by vToken (SGLang's segment free assumes dense rows).
@@ -31,6 +32,7 @@ from vtoken_sglang.policies import PolicyConfig, make_policy
 from vtoken_sglang.policies.random import mix_hash
 from vtoken_sglang.scoring import ScoreCollector
 
+COW_EVERY = 4  # eviction rounds between copy-on-write checks (each walks the tree paths of the managed requests)
 
 
 def request_key(req) -> int:
@@ -112,6 +114,7 @@ class VTokenRuntime:
         self.decode_steps = 0  # decode steps seen (the denominator of per-step costs)
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
         self.peak_tracked_pages = 0  # pages of managed requests
+        self.peak_held_pages = 0  # SGLang's pool less the tree's evictable pages (with copy-on-write)
         self.reclaim_on_pressure = 0  # reclaims forced by a decode step that would not fit
         self.digest = {"victims": 0, "plans": 0}
         self.logged_rounds = 0
@@ -128,6 +131,8 @@ class VTokenRuntime:
         self.scoring_ms = 0.0  # time spent turning saved queries into scores (decode steps and prefill windows)
         self.prefill_complete: list[bool] = []  # per request of the last prefill forward: its prompt is all in
         self.tp_size = 1
+        self.tree = None  # SGLang's radix cache when it is on (set by the scheduler hook)
+        self.cow = None  # prefix_cow.PrefixCow, set by the scheduler hook when the radix cache is on and cow is wanted
         self.worker_link = None  # worker_link.WorkerLink with --vtoken-planner worker (set by the scheduler hook)
         self.tp_all_reduce = None  # set by the scheduler hook: in-place sum over the TP group
         # debug: (token ids seen, scores) per scored step of the batch's first request (snapkv: per prefill)
@@ -183,8 +188,9 @@ class VTokenRuntime:
             rows = rows[managed]
             self.table.sync_new_tokens(rows, torch.ones_like(rows), claim_pages=True)
 
-    def evict(self, batch) -> None:
-        """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch."""
+    def evict(self, batch, lock_holders: list = ()) -> None:
+        """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch.
+        ``lock_holders``: requests outside the batch that may hold a radix-tree lock (the one being chunked)."""
         self.decode_steps += 1
         if self.policy is None:
             return
@@ -193,12 +199,12 @@ class VTokenRuntime:
             for plan in self.reclaimer.step(link.next_plan):
                 self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
         try:
-            self._evict(batch)
+            self._evict(batch, lock_holders)
         finally:
             if link is not None:
                 link.after_step()  # snapshot the state after this step's evictions
 
-    def _evict(self, batch) -> None:
+    def _evict(self, batch, lock_holders: list = ()) -> None:
         # Vectorized over the batch: which running requests exceed budget + slack (by logical length).
         rows = batch.req_pool_indices.to(torch.int64)
         live = batch.seq_lens.to(torch.int64)
@@ -213,14 +219,14 @@ class VTokenRuntime:
         new = [r for r in over if not self.is_managed(r.kv.req_pool_idx)]
         if new:
             self._manage(new)
-        dev = self.table.slots.device
-        rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=dev)
-        protect = torch.tensor([r.kv.cache_protected_len for r in over], dtype=torch.int64, device=dev)
-        vr, vc = self.policy.select_victims(self.table, rows, protect_cols=protect)
+        rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=self.table.slots.device)
+        vr, vc = self.policy.select_victims(self.table, rows)
         if vr.numel():
             self._fold(self.table.row_key[vr], self.table.logical[vr, vc].to(torch.int64), "victims")
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
+        if self.cow is not None and self.rounds % COW_EVERY == 0:
+            self.cow.step(batch.reqs, lock_holders)
         if self.worker_link is None:
             for plan in self.reclaimer.step():
                 self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
@@ -228,6 +234,9 @@ class VTokenRuntime:
         self.rounds += 1
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
         self.peak_pool_pages = max(self.peak_pool_pages, used)
+        if self.tree is not None:  # pages the tree could give back on demand are not held by anyone
+            held = used - self.tree.evictable_size() // self.page_size
+            self.peak_held_pages = max(self.peak_held_pages, held)
         self.peak_tracked_pages = max(self.peak_tracked_pages, self.pool.used_pages())
 
     def after_prefill(self, batch) -> None:
@@ -299,12 +308,13 @@ class VTokenRuntime:
     # ------------------------------------------------------------------ admission
 
     def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
-        """Most KV tokens a request holding ``current_len`` (``protected`` of them its tree prefix, never evicted)
-        can still add before it ends, given its eviction budget:
-        ``min(remaining_new, max(budget(final), protected + max(recent, 1)) + slack [+ page] - current_len)``, at
-        least 0. Expected case, like upstream's admission: the tail page and what compaction leaves (F <= theta)
-        are covered by reclaiming before retracting; ``+ page`` for Naive-Evict, whose oldest page in the window
-        stays partly dead.
+        """Most KV tokens a request holding ``current_len`` (up to ``protected`` of them in its tree prefix's pages,
+        which its evictions never free) can still add before it ends, given its eviction budget: its private KV
+        (at least ``current_len - protected`` now) ends at most at ``max(budget(final), recent) + slack [+ page]``,
+        so ``min(remaining_new, that - (current_len - protected))``, at least 0. Expected case, like upstream's
+        admission: the tail page and what compaction leaves (F <= theta) are covered by reclaiming before
+        retracting; ``+ page`` for Naive-Evict, whose oldest page in the window stays partly dead. The tree's
+        pages are SGLang's to count (locked: protected; released by copy-on-write: evictable).
 
         Only where evicted tokens really give their memory back: with reclaim on, or (Naive-Evict) with a policy
         whose victims empty whole pages. Naive-Evict with scattered victims keeps almost every page, so it
@@ -312,8 +322,8 @@ class VTokenRuntime:
         if self.policy is None or not (self.reclaimer.enabled or self.policy.frees_whole_pages):
             return remaining_new
         final = torch.tensor([logical_now + max(remaining_new, 0)])
-        keep = max(int(self.policy.budget(final)[0]), protected + max(self.policy.cfg.recent, 1))
-        cap = keep + self.policy.cfg.slack + (0 if self.reclaimer.enabled else self.page_size) - current_len
+        keep = max(int(self.policy.budget(final)[0]), max(self.policy.cfg.recent, 1))
+        cap = keep + self.policy.cfg.slack + (0 if self.reclaimer.enabled else self.page_size) - max(current_len - protected, 0)
         return max(0, min(remaining_new, cap))
 
     def reclaim_now(self) -> int:
@@ -363,4 +373,6 @@ class VTokenRuntime:
                 "prefills_scored": self.scorer.prefills_scored} if self.scorer is not None else {}),
             **st.as_dict(),
             **(self.worker_link.metrics() if self.worker_link is not None else {}),
+            **({"peak_held_pages": self.peak_held_pages} if self.tree is not None else {}),
+            **(self.cow.metrics() if self.cow is not None else {}),
         }

@@ -40,6 +40,14 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
                          f"{type(allocator).__name__} over {type(allocator.get_kvcache()).__name__}")
     RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
     RUNTIME.prompt_in_tree = not scheduler.server_args.disable_radix_cache
+    tree = scheduler.tree_cache
+    if not getattr(tree, "disable", True) and hasattr(tree, "tree_core"):  # SGLang's UnifiedRadixCache, on
+        RUNTIME.tree = tree
+        if cfg.vtoken_cow and RUNTIME.policy is not None:
+            from vtoken_sglang.integration.prefix_cow import PrefixCow
+
+            RUNTIME.cow = PrefixCow(tree, RUNTIME.table, RUNTIME.pool, RUNTIME.reclaimer.engine, RUNTIME.page_size,
+                                    allow_copies=cfg.vtoken_reclaim)
     if cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim:
         from sglang.srt.distributed.parallel_state import get_tp_group
 
@@ -151,7 +159,7 @@ def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
     """AFTER ``Scheduler.process_batch_result``: after a decode step, evict over-budget requests and reclaim; after
     a prefill scored with a window (snapkv), rank the prompts."""
     if RUNTIME is not None and batch is not None and batch.forward_mode.is_decode():
-        RUNTIME.evict(batch)
+        RUNTIME.evict(batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
     elif RUNTIME is not None and batch is not None and batch.forward_mode.is_extend():
         RUNTIME.after_prefill(batch)
 

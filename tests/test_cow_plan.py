@@ -1,0 +1,56 @@
+"""The copy-on-write decision (``core.cow.plan_cow``): copy only when the projected page count drops."""
+
+from vtoken_sglang.core.cow import Holder, PrefixNode, plan_cow
+
+P = 16
+
+
+def test_single_holder_copies_when_most_of_its_prefix_is_dead():
+    nodes = {1: PrefixNode(lock_ref=1, pages=8)}
+    plan = plan_cow([Holder(7, (1,), (20,))], nodes, P)
+    assert [(d.key, d.cut, d.tokens, d.pages) for d in plan.decisions] == [(7, 0, 20, 2)]
+    assert plan.pages_released == 8 and plan.gain == 6
+
+
+def test_no_copy_when_it_would_not_free_pages():
+    nodes = {1: PrefixNode(lock_ref=1, pages=2)}
+    assert plan_cow([Holder(7, (1,), (20,))], nodes, P).decisions == ()  # 2 pages for 2: no gain
+
+
+def test_shared_prefix_needs_every_holder_and_a_gain():
+    nodes = {1: PrefixNode(lock_ref=2, pages=10)}
+    both = [Holder(1, (1,), (30,)), Holder(2, (1,), (40,))]
+    plan = plan_cow(both, nodes, P)
+    assert sorted(d.key for d in plan.decisions) == [1, 2] and plan.gain == 10 - 2 - 3
+    # several live holders: 4 x 3 pages of copies for 10 shared pages does not pay
+    nodes = {1: PrefixNode(lock_ref=4, pages=10)}
+    assert plan_cow([Holder(k, (1,), (40,)) for k in range(4)], nodes, P).decisions == ()
+
+
+def test_a_holder_outside_the_candidates_keeps_the_node():
+    nodes = {1: PrefixNode(lock_ref=2, pages=10)}  # the second lock is a request that is not a candidate
+    assert plan_cow([Holder(1, (1,), (0,))], nodes, P).decisions == ()
+
+
+def test_private_suffix_alone_when_the_shared_part_does_not_pay():
+    # node 1 (system prompt) shared by 3 holders with much live; each owns node 10+k (its own question)
+    nodes = {1: PrefixNode(3, 4), **{10 + k: PrefixNode(1, 3) for k in range(3)}}
+    holders = [Holder(k, (1, 10 + k), (80, 5)) for k in range(3)]  # all three: 15 pages for 13
+    plan = plan_cow(holders, nodes, P)
+    assert sorted((d.key, d.cut, d.tokens) for d in plan.decisions) == [(0, 1, 5), (1, 1, 5), (2, 1, 5)]
+    assert plan.pages_released == 9 and plan.pages_copied == 3
+
+
+def test_naive_evict_only_releases_nodes_with_nothing_live():
+    nodes = {1: PrefixNode(1, 4), 2: PrefixNode(1, 4)}
+    assert plan_cow([Holder(1, (1,), (3,))], nodes, P, allow_copies=False).decisions == ()
+    plan = plan_cow([Holder(2, (2,), (0,))], nodes, P, allow_copies=False)
+    assert [(d.key, d.tokens) for d in plan.decisions] == [(2, 0)] and plan.pages_released == 4
+
+
+def test_groups_are_independent_and_deterministic():
+    nodes = {1: PrefixNode(2, 6), 2: PrefixNode(2, 6)}
+    holders = [Holder(1, (1,), (3,)), Holder(2, (1,), (3,)), Holder(3, (2,), (90,)), Holder(4, (2,), (90,))]
+    plan = plan_cow(holders, nodes, P)
+    assert sorted(d.key for d in plan.decisions) == [1, 2]  # group {3, 4} would need 12 pages for 6
+    assert set(plan.decisions) == set(plan_cow(list(reversed(holders)), nodes, P).decisions)

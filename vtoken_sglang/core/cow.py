@@ -1,0 +1,130 @@
+"""Copy-on-write of shared prefix pages: which requests should copy their live prefix tokens out of the prefix
+cache's pages, and where each one cuts its locked path.
+
+Engine-agnostic (no engine import). The engine describes the prefix cache as a tree of nodes, each holding whole
+pages, and every candidate request by the path of nodes it locks (root's child first), with how many of its live
+tokens lie at or after the start of each node of that path. A request that *copies from cut d* moves its live
+tokens of ``path[d:]`` into private pages (``ceil(live / page_size)`` new pages) and keeps only ``path[:d]``
+locked. A node becomes evictable by the cache once no lock is left on it.
+
+Rule (everything is counted in pages; a decision is taken only when it strictly lowers the projected count):
+
+- a node is *releasable* when every lock on it belongs to a candidate request (``lock_ref`` equals the number of
+  candidates whose path contains it); releasable nodes form a suffix of each candidate's path;
+- candidates sharing releasable nodes form a group; the group copies when the pages of its releasable nodes
+  exceed the pages its members' copies need (so a prefix shared by several requests is released only when all
+  its holders copy, and only if that pays);
+- otherwise each member alone may still copy the part of its path that nobody else holds, if that pays.
+
+``allow_copies=False`` (Naive-Evict: no relocation) accepts only decisions that copy nothing: nodes whose tokens
+are dead for every holder are released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixNode:
+    lock_ref: int  # locks held on the node (by any holder: requests, in-flight prefills, sessions)
+    pages: int  # pages of KV the node holds
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    key: int  # the request (its row)
+    path: tuple[int, ...]  # node ids from the root's child down to the node it locks
+    live_from: tuple[int, ...]  # live_from[i]: its live tokens at or after the start of path[i] (within the path)
+
+    def __post_init__(self):
+        assert len(self.path) == len(self.live_from)
+        assert all(a >= b for a, b in zip(self.live_from, self.live_from[1:])), "live_from must not grow with depth"
+
+
+@dataclasses.dataclass(frozen=True)
+class CowDecision:
+    key: int
+    cut: int  # keep path[:cut] locked; copy the live tokens of path[cut:]
+    tokens: int  # live tokens to copy
+    pages: int  # new private pages they need
+
+
+@dataclasses.dataclass(frozen=True)
+class CowPlan:
+    decisions: tuple[CowDecision, ...]
+    pages_released: int  # pages of the nodes left without any lock
+    pages_copied: int  # new private pages the copies take
+
+    @property
+    def gain(self) -> int:
+        return self.pages_released - self.pages_copied
+
+
+def _pages(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def _suffix_start(path: Sequence[int], ok) -> int:
+    i = len(path)
+    while i > 0 and ok(path[i - 1]):
+        i -= 1
+    return i
+
+
+def plan_cow(holders: Sequence[Holder], nodes: dict[int, PrefixNode], page_size: int, allow_copies: bool = True) -> CowPlan:
+    """Decide which holders copy, and from which cut. Deterministic (the same input gives the same plan, so every
+    tensor-parallel rank agrees)."""
+    holders_of: dict[int, list[int]] = {}
+    for h in holders:
+        for n in h.path:
+            holders_of.setdefault(n, []).append(h.key)
+    releasable = {n for n, keys in holders_of.items() if nodes[n].lock_ref == len(keys)}
+    by_key = {h.key: h for h in holders}
+
+    # groups: holders joined by the releasable nodes they share (union-find over keys)
+    parent = {h.key: h.key for h in holders}
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for n in sorted(releasable):
+        keys = holders_of[n]
+        for k in keys[1:]:
+            parent[find(k)] = find(keys[0])
+    groups: dict[int, list[int]] = {}
+    for h in holders:
+        if _suffix_start(h.path, releasable.__contains__) < len(h.path):
+            groups.setdefault(find(h.key), []).append(h.key)
+
+    decisions: list[CowDecision] = []
+    released = copied = 0
+
+    def decide(key: int, cut: int) -> tuple[CowDecision, int]:
+        h = by_key[key]
+        tokens = h.live_from[cut] if cut < len(h.path) else 0
+        return CowDecision(key, cut, tokens, _pages(tokens, page_size)), sum(nodes[n].pages for n in h.path[cut:])
+
+    for root in sorted(groups):
+        members = groups[root]
+        cuts = {k: _suffix_start(by_key[k].path, releasable.__contains__) for k in members}
+        group = [decide(k, c)[0] for k, c in cuts.items()]
+        freed = sum(nodes[n].pages for n in {n for k, c in cuts.items() for n in by_key[k].path[c:]})
+        cost = sum(d.pages for d in group)
+        if freed > cost and (allow_copies or all(d.tokens == 0 for d in group)):
+            decisions += group
+            released, copied = released + freed, copied + cost
+            continue
+        for k in members:  # alone: only the nodes nobody else holds
+            cut = _suffix_start(by_key[k].path, lambda n: n in releasable and len(holders_of[n]) == 1)
+            if cut == len(by_key[k].path):
+                continue
+            d, freed = decide(k, cut)
+            if freed > d.pages and (allow_copies or d.tokens == 0):
+                decisions.append(d)
+                released, copied = released + freed, copied + d.pages
+    return CowPlan(tuple(decisions), released, copied)

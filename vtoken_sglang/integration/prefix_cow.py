@@ -1,0 +1,141 @@
+"""Copy-on-write of the radix tree's prefix pages, for managed requests (SGLang's ``UnifiedRadixCache``).
+
+A managed request may evict tokens of its tree prefix: they leave its row (its view), but their pages stay with the
+tree, locked by the request. ``PrefixCow.step`` asks the core's ``plan_cow`` which requests should copy their
+live prefix tokens into private pages; for each one it copies them (the reclaimer's copy engine, ordered before
+the next forward), rewrites its row, takes a lock on the node at its cut and drops its old lock, so the tree can
+evict the nodes nobody locks any more under memory pressure.
+
+Invariants: the tree's slots are never written, moved or freed here (copy, never move); a request that copied is
+never inserted into the tree (``skip_radix_cache_insert`` is set when a request is managed); after a copy, the
+request's row holds tree slots only for logical positions below its new ``cache_protected_len`` (the cut) and
+its lock is on the node at the cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from vtoken_sglang.core.cow import CowPlan, Holder, PrefixNode, plan_cow
+from vtoken_sglang.core.pages import OutOfPages
+
+logger = logging.getLogger("vtoken_sglang")
+
+
+class PrefixCow:
+    def __init__(self, tree_cache, table, pool, engine, page_size: int, allow_copies: bool):
+        self.tree = tree_cache
+        self.core = tree_cache.tree_core
+        self.table = table
+        self.pool = pool
+        self.engine = engine
+        self.page_size = page_size
+        self.allow_copies = allow_copies  # Naive-Evict: only releases whose live tokens are all gone
+        self.copies = 0  # requests that copied (or, with nothing live there, just moved their lock up)
+        self.tokens_copied = 0
+        self.pages_released = 0  # pages of tree nodes left without a lock by a copy
+        self.checks = 0
+        self.seconds = 0.0
+
+    def candidates(self, reqs: list) -> list:
+        """Running managed requests that lock a non-root node."""
+        return [r for r in reqs if r.lock is not None and not r.finished() and r.kv.cache_protected_len > 0
+                and bool(self.table.active[r.kv.req_pool_idx]) and not self.tree.is_root(r.lock.node)]
+
+    def plan(self, cands: list, others: list) -> tuple[CowPlan, dict]:
+        """The core's plan over the candidates ``cands``, and per request key its (req, path, first live column of
+        each path node, end column of the prefix). A node's lock count is the number of requests, among ``cands``
+        and the other lock holders ``others`` (running requests not managed, the request being chunked), whose
+        locked path contains it: SGLang's tree core does not expose per-node counts (its Rust core has no node
+        objects). A holder it does not show (a streaming session) can only make a copy not pay off; it never makes
+        one wrong: the tree's slots are never touched, and the node stays locked by that holder."""
+        locked = [r for r in others if r.lock is not None and not self.tree.is_root(r.lock.node)]
+        paths = self.core.collect_path_info([r.lock.node for r in cands + locked])
+        lock_ref: dict = {}
+        pages: dict = {}
+        for path in paths:
+            for p in path:
+                lock_ref[p.node_id] = lock_ref.get(p.node_id, 0) + 1
+                pages[p.node_id] = (p.full_value_len or 0) // self.page_size
+        nodes = {n: PrefixNode(lock_ref[n], pages[n]) for n in lock_ref}
+        holders, info = [], {}
+        for req, path in zip(cands, paths):
+            if not path or path[-1].path_end != req.kv.cache_protected_len:
+                continue  # the lock does not cover exactly the protected prefix: leave the request alone
+            row = req.kv.req_pool_idx
+            n = int(self.table.live_len[row])
+            logical = self.table.logical[row, :n].contiguous()
+            bounds = torch.tensor([p.path_start for p in path] + [path[-1].path_end], dtype=logical.dtype, device=logical.device)
+            cols = torch.searchsorted(logical, bounds).tolist()
+            holders.append(Holder(row, tuple(p.node_id for p in path), tuple(cols[-1] - c for c in cols[:-1])))
+            info[row] = (req, path, cols)
+        self.checks += 1
+        return plan_cow(holders, nodes, self.page_size, self.allow_copies), info
+
+    def step(self, reqs: list, others: list = ()) -> int:
+        """Plan and carry out copy-on-write for the running requests ``reqs`` (``others``: any other request that
+        may hold a tree lock, e.g. the one being chunked); returns the pages released."""
+        cands = self.candidates(reqs)
+        if not cands:
+            return 0
+        t0 = time.perf_counter()
+        cand_ids = {id(r) for r in cands}
+        plan, info = self.plan(cands, [r for r in list(reqs) + list(others) if r is not None and id(r) not in cand_ids])
+        if not plan.decisions:
+            self.seconds += time.perf_counter() - t0
+            return 0
+        try:
+            self._copy(plan, info)
+        except OutOfPages:
+            logger.debug("[vtoken] copy-on-write deferred: %d pages needed, none free", plan.pages_copied)
+            self.seconds += time.perf_counter() - t0
+            return 0
+        for d in plan.decisions:
+            req, path, _ = info[d.key]
+            node = path[d.cut - 1].node_id if d.cut else self.tree.root_node_handle()
+            lock = self.tree.lock(node)
+            self.tree.unlock(req.lock)
+            req.lock, req.last_node = lock, node
+            req.kv.cache_protected_len = path[d.cut - 1].path_end if d.cut else 0
+        self.copies += len(plan.decisions)
+        self.pages_released += plan.pages_released
+        logger.debug("[vtoken] copy-on-write: %d requests copy %d tokens into %d pages; %d tree pages released (%s)",
+                     len(plan.decisions), sum(d.tokens for d in plan.decisions), plan.pages_copied,
+                     plan.pages_released, [(d.key, d.cut, d.tokens) for d in plan.decisions])
+        self.seconds += time.perf_counter() - t0
+        return plan.pages_released
+
+    def _copy(self, plan: CowPlan, info: dict) -> None:
+        """Copy every decision's live tokens past its cut into new private pages of its row and rewrite the rows:
+        all pages are taken first (whole or not at all), then one copy, then the row rewrite behind it."""
+        P = self.page_size
+        moving = [d for d in plan.decisions if d.tokens]
+        if not moving:
+            return
+        dev = self.table.slots.device
+        owners = torch.tensor([d.key for d in moving for _ in range(d.pages)], dtype=torch.int64, device=dev)
+        pages = self.pool.alloc(len(owners), owners, for_relocation=True)
+        rows, cols, dst, first = [], [], [], 0
+        for d in moving:
+            _, _, bounds = info[d.key]
+            c = torch.arange(bounds[d.cut], bounds[-1], device=dev)
+            assert len(c) == d.tokens
+            k = torch.arange(d.tokens, device=dev)
+            rows.append(torch.full_like(c, d.key))
+            cols.append(c)
+            dst.append(pages[first + k // P] * P + k % P)
+            first += d.pages
+        rows, cols, dst = torch.cat(rows), torch.cat(cols), torch.cat(dst)
+        src = self.table.slots[rows, cols].to(torch.int64)
+        assert not bool((self.pool.owner[src // P] >= 0).any()), "copy-on-write source outside the tree's pages"
+        self.engine.publish_after(self.engine.copy(src, dst))
+        self.table.apply_moves(rows, cols, dst)
+        self.tokens_copied += len(dst)
+
+    def metrics(self) -> dict:
+        return {"cow_copies": self.copies, "cow_tokens_copied": self.tokens_copied,
+                "cow_pages_released": self.pages_released, "cow_checks": self.checks,
+                "cow_ms": round(self.seconds * 1e3, 3)}
