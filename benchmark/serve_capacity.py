@@ -1,6 +1,7 @@
 """Serving capacity on real SGLang: plain SGLang, Naive-Evict and vToken on the same memory-bound load.
 
     .venv/bin/python benchmark/serve_capacity.py [--quick] [--json PATH]
+    .venv/bin/python benchmark/serve_capacity.py --shared-prefix [--quick] [--json PATH]
 
 Each mode gets its own server (CPU, tiny model, page 16, radix cache on, a fixed ``--max-total-tokens`` small
 enough that KV memory limits concurrency) and the same load of long generations: N requests sent at once, each a
@@ -22,6 +23,13 @@ Score-based policies (h2o, tova, scissorhands, snapkv) need attention scores the
 runs vToken once per k (the first k is the one compared with Naive-Evict), and the cost of scoring is read by
 comparing ``step_ms`` with a score-free policy (random) on the same load ("off"). snapkv runs with the radix cache
 off (it evicts prompt tokens) and scores only prefills.
+
+``--shared-prefix`` runs the copy-on-write scenario instead: requests in groups of ``degree`` (1, 2, 4, 8) share a
+random system prompt (``--system-len`` ids, then a question of ``--input-len``), on three servers: Naive-Evict,
+vToken without copy-on-write (``--vtoken-cow off``: a request keeps the tree's prompt pages locked until it ends,
+the paper's behaviour) and vToken with it. All three evict the same victims, prompt tokens included. Per degree:
+``held_pg`` (peak pages held: SGLang's token usage, which leaves out the tree's evictable pages), ``max_run`` and
+whether the tokens equal Naive-Evict's. Target: at degrees 1 and 2, copy-on-write holds >= 25% fewer pages.
 """
 
 from __future__ import annotations
@@ -104,12 +112,81 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
     }
 
 
+SHARED_MODES = (("naive", ["--vtoken-reclaim", "off"]), ("no-cow", ["--vtoken-cow", "off"]), ("cow", ["--vtoken-cow", "on"]))
+
+
+def shared_prefix_prompts(requests: int, degree: int, system_len: int, question_len: int, seed: int) -> list[list[int]]:
+    """``requests`` prompts in groups of ``degree`` sharing a random system prompt of ``system_len`` ids, each with
+    its own random question; the groups' system prompts differ from the first id."""
+    systems = random_prompts(requests // degree, system_len, seed=seed)
+    questions = random_prompts(requests, question_len, seed=seed + 1)
+    return [systems[i // degree] + questions[i] for i in range(requests)]
+
+
+def run_shared_prefix(model: str, args) -> list[dict]:
+    """One server per mode (Naive-Evict, vToken without copy-on-write, vToken with it); on it, one load per sharing
+    degree, each over new system prompts. Per load: the peak of SGLang's token usage over its decode steps (pages
+    held: the pool less free pages and less the tree's evictable pages, which any allocation may take back), peak
+    running requests, and the greedy tokens (compared across modes)."""
+    runs = []
+    for mode, extra in SHARED_MODES:
+        flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"] + [
+            "--enable-vtoken", "--vtoken-policy", args.policies[0], "--vtoken-budget-ratio", str(args.budget_ratio),
+            "--vtoken-recent", "16"] + extra
+        print(f"[serve_capacity] shared prefix, {mode}: starting a server ...", file=sys.stderr, flush=True)
+        with SglangServer(model, flags) as server:
+            for degree in args.degrees:
+                start = len(server.log_text())
+                prompts = shared_prefix_prompts(args.requests, degree, args.system_len, args.input_len, seed=100 * degree)
+                load = run_load(server, prompts, args.output_len)
+                time.sleep(1)
+                log = server.log_text()[start:]
+                vt = server.get("/get_server_info")["internal_states"][0]["vtoken"]
+                usage = [float(m) for m in USAGE.findall(log)]
+                runs.append({"mode": mode, "policy": args.policies[0], "budget_ratio": args.budget_ratio, "degree": degree,
+                             "requests": args.requests, "system_len": args.system_len, "question_len": args.input_len,
+                             "output_len": args.output_len, "max_total_tokens": args.max_total_tokens,
+                             "max_running_requests": max((int(m) for m in RUNNING.findall(log)), default=0),
+                             "peak_held_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
+                             "retractions": load["retractions"], "output_throughput": load["output_throughput"],
+                             "cow_copies": vt.get("cow_copies"), "cow_pages_released": vt.get("cow_pages_released"),
+                             "_ids": load["ids"]})
+    for r in runs:
+        base = next(b for b in runs if b["mode"] == "naive" and b["degree"] == r["degree"])
+        r["identical_to_naive"] = r["_ids"] == base["_ids"]
+    return runs
+
+
+def print_shared_prefix(runs: list[dict], args) -> None:
+    print(f"serve_capacity --shared-prefix: {args.requests} requests, system prompt {args.system_len} + question "
+          f"{args.input_len} ids, {args.output_len} out, --max-total-tokens {args.max_total_tokens}, page {PAGE}, "
+          f"{args.policies[0]} budget ratio {args.budget_ratio}; cumulative cow counters")
+    hdr = f"{'degree':>6}  {'mode':<8}{'max_run':>8}{'held_pg':>8}{'retract':>8}{'out_tok/s':>10}{'cow':>6}{'released':>9}{'same':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in sorted(runs, key=lambda r: r["degree"]):
+        print(f"{r['degree']:>6}  {r['mode']:<8}{r['max_running_requests']:>8}{r['peak_held_pages']:>8}{r['retractions']:>8}"
+              f"{r['output_throughput']:>10.1f}{dash(r['cow_copies'], 'd'):>6}{dash(r['cow_pages_released'], 'd'):>9}"
+              f"{'yes' if r['identical_to_naive'] else 'NO':>6}")
+    for degree in args.degrees:
+        off = next(r for r in runs if r["mode"] == "no-cow" and r["degree"] == degree)
+        on = next(r for r in runs if r["mode"] == "cow" and r["degree"] == degree)
+        fewer = 1 - on["peak_held_pages"] / max(off["peak_held_pages"], 1)
+        verdict = f"  target (>= 25% fewer): {'met' if fewer >= 0.25 else 'MISSED'}" if degree <= 2 else ""
+        print(f"degree {degree}: copy-on-write holds {100 * fewer:.0f}% fewer pages than vToken without it "
+              f"({off['peak_held_pages']} -> {on['peak_held_pages']}){verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--policies", nargs="+", default=["random", "streaming"])
-    ap.add_argument("--budget-ratio", type=float, default=0.5)
+    ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--shared-prefix: random)")
+    ap.add_argument("--budget-ratio", type=float, default=None, help="default: 0.5 (--shared-prefix: 0.25)")
+    ap.add_argument("--shared-prefix", action="store_true",
+                    help="the shared-prefix scenario: Naive-Evict, vToken without and with copy-on-write, per sharing degree")
+    ap.add_argument("--degrees", nargs="+", type=int, default=[1, 2, 4, 8])
+    ap.add_argument("--system-len", type=int, default=512)
     ap.add_argument("--max-total-tokens", type=int, default=8192)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--input-len", type=int, default=64)
@@ -117,10 +194,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--score-every", nargs="+", type=int, default=[1, 4],
                     help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.max_total_tokens, args.requests, args.input_len, args.output_len = 4096, 16, 32, 480
     model = str(build())
     t0 = time.monotonic()
+    if args.shared_prefix:
+        args.policies = args.policies or ["random"]
+        args.budget_ratio = args.budget_ratio or 0.25
+        args.input_len = 16 if args.input_len == 64 else args.input_len  # the question
+        args.max_total_tokens = 32768 if args.max_total_tokens == 8192 else args.max_total_tokens
+        if args.quick:
+            args.requests, args.system_len, args.output_len = 8, 256, 256
+        if any(args.requests % d for d in args.degrees):
+            ap.error("--requests must be a multiple of every --degrees value")
+        runs = run_shared_prefix(model, args)
+        print_shared_prefix(runs, args)
+        print(f"wall {time.monotonic() - t0:.0f} s")
+        if args.json:
+            write_runs_json(args.json, runs)
+        return 0
+    args.policies = args.policies or ["random", "streaming"]
+    args.budget_ratio = args.budget_ratio or 0.5
+    if args.quick:
+        args.max_total_tokens, args.requests, args.input_len, args.output_len = 4096, 16, 32, 480
     runs = [run_mode(model, "plain", None, 1.0, args)]
     for policy in args.policies:
         first = args.score_every[0]
