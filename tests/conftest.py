@@ -39,3 +39,13 @@ def run_all(commands: list[list[str]], timeout: float = 300, env: dict | None = 
 
 
 PY = sys.executable
+
+
+def prometheus_values(text: str) -> dict[str, float]:
+    """``name -> value`` of the vToken series in a Prometheus text exposition (one scheduler: one series each)."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("sglang:vtoken_"):
+            name, value = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
+            values[name] = float(value)
+    return values

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import PY, REPO, run_all
+from conftest import PY, REPO, prometheus_values, run_all
 from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
@@ -29,7 +29,8 @@ def cow_runs(tiny_model, tmp_path_factory):
     results = {}
     for cow in ("on", "off"):
         log = tmp_path_factory.mktemp(f"cow_{cow}") / "server.log"
-        with SglangServer(tiny_model, default_server_args() + FLAGS + ["--vtoken-cow", cow], log_path=log, env=STRICT) as s:
+        flags = default_server_args() + FLAGS + ["--vtoken-cow", cow, "--enable-metrics", "--decode-log-interval", "10"]
+        with SglangServer(tiny_model, flags, log_path=log, env=STRICT) as s:
             info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
             shared = [o["output_ids"] for o in s.generate(SHARED, 120, ignore_eos=True)]
             after_shared = info()
@@ -41,9 +42,27 @@ def cow_runs(tiny_model, tmp_path_factory):
             fork, gsp = run_programs(s, tiny_model, tmp_path_factory.mktemp(f"gsp_{cow}") / "gsp.jsonl")
             time.sleep(2)  # idle: SGLang's strict memory check runs
             results[cow] = {"shared": shared, "crowd": crowd, "after_shared": after_shared, "after_crowd": after_crowd,
-                            "probe": (meta_top(probe), probe["cached_tokens"]), "fork": fork, "gsp": gsp,
-                            "idle": info(), "log": s.log_text(), "healthy": s.proc.poll() is None}
+                            "probe": (meta_top(probe), probe["cached_tokens"]), "fork": fork, "gsp": gsp, "idle": info()}
+            if cow == "on":  # one more load, on this server only: bench_serving and the shared-document program
+                results["bench"] = run_bench_and_qa(s, tiny_model, tmp_path_factory.mktemp("bench") / "bench.jsonl")
+                time.sleep(2)
+                results["bench"].update(state=info(), metrics=prometheus_values(s.get_text("/metrics")))
+            results[cow].update(log=s.log_text(), healthy=s.proc.poll() is None)
     return results
+
+
+def run_bench_and_qa(server: SglangServer, model: str, out) -> dict:
+    bench = [PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--model", model, "--tokenizer", model,
+             "--base-url", server.url, "--request-rate", "inf", "--seed", "2", "--disable-tqdm", "--dataset-name",
+             "random-ids", "--num-prompts", "24", "--random-input-len", "200", "--random-output-len", "96",
+             "--random-range-ratio", "0.5", "--output-file", str(out)]
+    qa = [PY, str(REPO / "python/long_doc_qa.py"), "--url", server.url, "--questions", "5", "--doc-words", "400",
+          "--max-tokens", "120"]
+    run, qa_run = run_all([bench, qa], timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert qa_run.returncode == 0, qa_run.stderr[-3000:]
+    return {"completed": json.loads(out.read_text().strip().splitlines()[-1])["completed"],
+            "answers": len(json.loads(qa_run.stdout))}
 
 
 def meta_top(meta: dict) -> list:
@@ -106,3 +125,20 @@ def test_programs_copy_and_nothing_leaks(cow_runs):
         assert "memory leak" not in run["log"] and "Scheduler hit an exception" not in run["log"]
     # the fork and shared-prefix programs copied too
     assert cow_runs["on"]["idle"]["cow_copies"] > cow_runs["on"]["after_crowd"]["cow_copies"]
+
+
+def test_bench_and_shared_document_program_and_metrics(cow_runs):
+    """bench_serving and the shared-document program run against the copy-on-write server; vToken's metrics are in
+    SGLang's periodic log and in Prometheus /metrics (counters equal to /get_server_info, idle gauges at 0)."""
+    bench, log = cow_runs["bench"], cow_runs["on"]["log"]
+    assert bench["completed"] == 24 and bench["answers"] == 5
+    state, metrics = bench["state"], bench["metrics"]
+    assert state["allocated_pages"] == 0 and state["position_mismatches"] == 0
+    assert "[vtoken] live: " in log and ", reclaimed pages: " in log
+    for name in ("tokens_evicted", "pages_reclaimed", "tokens_moved", "plans_admitted", "planner_ms", "cow_copies",
+                 "cow_tokens_copied", "cow_pages_released"):
+        assert metrics[f"sglang:vtoken_{name}_total"] == pytest.approx(state[name], rel=1e-3), name
+    assert metrics["sglang:vtoken_cow_copies_total"] > 0
+    assert metrics["sglang:vtoken_allocated_pages"] == 0 and metrics["sglang:vtoken_live_tokens"] == 0  # idle values
+    assert {"sglang:vtoken_fragmentation", "sglang:vtoken_resident_dead_tokens", "sglang:vtoken_plans_rejected_total",
+            "sglang:vtoken_plans_stale_total", "sglang:vtoken_copy_ms_total"} <= set(metrics)

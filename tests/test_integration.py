@@ -1,6 +1,6 @@
 """vToken inside real SGLang (CPU, tiny model, page 16, radix cache on): Naive-Evict and vToken evict the same
 victims and give identical greedy tokens, vToken holds fewer pages, nothing leaks (SGLang's strict idle memory
-check is on), and the bench and frontend programs run against an evicting server."""
+check is on), aborts and retraction too. (bench_serving, the frontend programs and Prometheus: test_cow.py.)"""
 
 import concurrent.futures
 import json
@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from conftest import PY, REPO, run_all
 from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
@@ -140,50 +139,6 @@ def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
         assert got["cached"] == reuse["cached"] > 0 and got["ids"] == reuse["ids"]
         assert [t for t, _ in got["top"]] == [t for t, _ in reuse["top"]]
         assert [lp for _, lp in got["top"]] == pytest.approx([lp for _, lp in reuse["top"]], abs=1e-5)
-
-
-def test_bench_and_frontend_programs_against_evicting_server(tiny_model, tmp_path):
-    """bench_serving and the shared-document program (radix prefixes shared between requests that evict; the fork
-    program and bench_serving's shared-prefix dataset run in test_cow.py): all complete, positions stay logical,
-    nothing leaks; vToken's metrics are in SGLang's periodic log and in Prometheus /metrics."""
-    out = tmp_path / "bench.jsonl"
-    flags = default_server_args() + EVICT + ["--enable-metrics", "--decode-log-interval", "10"]
-    bench = [PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--model", tiny_model, "--tokenizer", tiny_model,
-             "--request-rate", "inf", "--seed", "2", "--disable-tqdm"]
-    with SglangServer(tiny_model, flags, env=STRICT) as s:
-        run, qa_run = run_all([
-            bench + ["--base-url", s.url, "--dataset-name", "random-ids", "--num-prompts", "24", "--random-input-len",
-                     "200", "--random-output-len", "96", "--random-range-ratio", "0.5", "--output-file", str(out)],
-            [PY, str(REPO / "python/long_doc_qa.py"), "--url", s.url, "--questions", "5", "--doc-words", "400",
-             "--max-tokens", "120"],
-        ], timeout=600)
-        time.sleep(2)
-        state = s.get("/get_server_info")["internal_states"][0]["vtoken"]
-        metrics = prometheus_values(s.get_text("/metrics"))
-        log = s.log_text()
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(out.read_text().strip().splitlines()[-1])["completed"] == 24
-    assert qa_run.returncode == 0, qa_run.stderr[-3000:]
-    assert len(json.loads(qa_run.stdout)) == 5
-    assert state["tokens_evicted"] > 0 and state["allocated_pages"] == 0 and "memory leak" not in log
-    assert state["position_mismatches"] == 0
-    assert "[vtoken] live: " in log and ", reclaimed pages: " in log
-    for name in ("tokens_evicted", "pages_reclaimed", "tokens_moved", "plans_admitted", "planner_ms", "cow_copies",
-                 "cow_pages_released"):
-        assert metrics[f"sglang:vtoken_{name}_total"] == pytest.approx(state[name], rel=1e-3), name
-    assert metrics["sglang:vtoken_allocated_pages"] == 0 and metrics["sglang:vtoken_live_tokens"] == 0  # idle values
-    assert {"sglang:vtoken_fragmentation", "sglang:vtoken_resident_dead_tokens", "sglang:vtoken_plans_rejected_total",
-            "sglang:vtoken_plans_stale_total", "sglang:vtoken_copy_ms_total"} <= set(metrics)
-
-
-def prometheus_values(text: str) -> dict[str, float]:
-    """``name -> value`` of the vToken series in a Prometheus text exposition (one scheduler: one series each)."""
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("sglang:vtoken_"):
-            name, value = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
-            values[name] = float(value)
-    return values
 
 
 def test_aborts_and_retraction_leave_no_leak(tiny_model):

@@ -114,7 +114,7 @@ class VTokenRuntime:
         self.decode_steps = 0  # decode steps seen (the denominator of per-step costs)
         self.peak_pool_pages = 0  # SGLang's whole KV pool, sampled after each eviction round
         self.peak_tracked_pages = 0  # pages of managed requests
-        self.peak_held_pages = 0  # SGLang's pool less the tree's evictable pages (with copy-on-write)
+        self.peak_held_pages = 0  # SGLang's pool less the tree's evictable pages (radix cache on)
         self.reclaim_on_pressure = 0  # reclaims forced by a decode step that would not fit
         self.digest = {"victims": 0, "plans": 0}
         self.logged_rounds = 0
@@ -308,13 +308,17 @@ class VTokenRuntime:
     # ------------------------------------------------------------------ admission
 
     def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
-        """Most KV tokens a request holding ``current_len`` (up to ``protected`` of them in its tree prefix's pages,
-        which its evictions never free) can still add before it ends, given its eviction budget: its private KV
-        (at least ``current_len - protected`` now) ends at most at ``max(budget(final), recent) + slack [+ page]``,
-        so ``min(remaining_new, that - (current_len - protected))``, at least 0. Expected case, like upstream's
-        admission: the tail page and what compaction leaves (F <= theta) are covered by reclaiming before
-        retracting; ``+ page`` for Naive-Evict, whose oldest page in the window stays partly dead. The tree's
-        pages are SGLang's to count (locked: protected; released by copy-on-write: evictable).
+        """Most KV tokens a request holding ``current_len`` (``protected`` of them in its tree prefix's pages) can
+        still add before it ends, given its eviction budget: its view ends at most at
+        ``keep = max(budget(final), recent) + slack [+ page]`` tokens, so ``min(remaining_new, keep - held)``, at
+        least 0, where ``held`` is what the request already holds toward that:
+        - with copy-on-write, its whole view (``current_len``): the prefix tokens it keeps end up in private pages,
+          and the tree's pages they came from become evictable (SGLang counts those as available);
+        - without, only its private tokens (``current_len - protected``): the prefix pages stay locked to the end,
+          so evicting prefix tokens frees nothing and their room in the budget goes to private tokens.
+        Expected case, like upstream's admission: the tail page and what compaction leaves (F <= theta) are covered
+        by reclaiming before retracting; ``+ page`` for Naive-Evict, whose oldest page in the window stays partly
+        dead.
 
         Only where evicted tokens really give their memory back: with reclaim on, or (Naive-Evict) with a policy
         whose victims empty whole pages. Naive-Evict with scattered victims keeps almost every page, so it
@@ -323,8 +327,9 @@ class VTokenRuntime:
             return remaining_new
         final = torch.tensor([logical_now + max(remaining_new, 0)])
         keep = max(int(self.policy.budget(final)[0]), max(self.policy.cfg.recent, 1))
-        cap = keep + self.policy.cfg.slack + (0 if self.reclaimer.enabled else self.page_size) - max(current_len - protected, 0)
-        return max(0, min(remaining_new, cap))
+        keep += self.policy.cfg.slack + (0 if self.reclaimer.enabled else self.page_size)
+        held = current_len if self.cow is not None and self.cow.allow_copies else max(current_len - protected, 0)
+        return max(0, min(remaining_new, keep - held))
 
     def reclaim_now(self) -> int:
         """Reclaim regardless of theta (memory is short): returns the pages freed."""
