@@ -113,13 +113,14 @@ def test_kill_and_hang_are_survived(worker):
 
 
 def test_no_worker_outlives_its_parent(tmp_path):
-    """A parent that dies without closing: its worker notices and exits."""
+    """A parent that dies without closing: its worker notices, removes the parent's socket file and exits."""
     script = ("from vtoken_sglang.worker.client import WorkerPlanner\nimport os, time\n"
               "w = WorkerPlanner(16, 4)\n"
               "while not (w.poll() or w.ready): time.sleep(0.05)\n"
-              "print(w.proc.pid, flush=True)\nos._exit(0)\n")
+              "print(w.proc.pid, w.endpoint, flush=True)\nos._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    pid = int(out.stdout.split()[0])
+    pid, endpoint = int(out.stdout.split()[0]), out.stdout.split()[1]
+    socket_file = endpoint.removeprefix("ipc://")
 
     def gone():
         try:
@@ -129,6 +130,7 @@ def test_no_worker_outlives_its_parent(tmp_path):
         return False
 
     wait_for(gone, timeout=15)
+    assert not os.path.exists(socket_file)  # the orphaned worker removed its dead parent's socket file
     closed = WorkerPlanner(16, 4)
     wait_for(lambda: (closed.poll(), closed.ready)[1])
     pid = closed.proc.pid

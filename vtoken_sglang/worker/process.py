@@ -5,7 +5,8 @@
 It connects a DEALER socket to the scheduler's endpoint, sends ``hello`` (a header-only message) so the scheduler
 knows it is up, then plans every snapshot it receives with the same pure planner as the inline path
 (``core.planner.plan_reclaim``). A malformed message is logged and dropped. It exits when its parent process is
-gone (checked every ``--parent-check-s``) or on SIGTERM, so a server shutdown leaves no worker behind.
+gone (checked every ``--parent-check-s``; it then deletes the parent's IPC socket file, which a killed scheduler
+leaves behind) or on SIGTERM, so a server shutdown leaves no worker and no socket file behind.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def hello_frames() -> list[bytes]:
     return [json.dumps({"v": protocol.VERSION, "type": "hello", "pid": os.getpid(), "arrays": []}).encode()]
 
 
+def remove_ipc_file(endpoint: str) -> None:
+    """Delete the file behind an ``ipc://`` endpoint, if it is still there. Only once the parent (its binder) is
+    gone: on SIGTERM (a restart) the parent keeps the endpoint bound for the next worker."""
+    if endpoint.startswith("ipc://"):
+        try:
+            os.unlink(endpoint.removeprefix("ipc://"))
+        except FileNotFoundError:
+            pass
+
+
 def serve(endpoint: str, parent_pid: int, parent_check_s: float = 1.0) -> int:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -46,6 +57,7 @@ def serve(endpoint: str, parent_pid: int, parent_check_s: float = 1.0) -> int:
             last_check = time.monotonic()
             if os.getppid() != parent_pid:
                 logger.warning("[vtoken worker] parent %d is gone; exiting", parent_pid)
+                remove_ipc_file(endpoint)  # the parent bound it and cannot remove it any more
                 break
         if not dict(poller.poll(int(parent_check_s * 1000))).get(sock):
             continue
