@@ -1,0 +1,139 @@
+"""Throughput under a latency SLA (the paper's Table): plain SGLang, Naive-Evict and vToken, swept over request rates
+with ``python -m sglang.bench_serving`` against real servers.
+
+    .venv/bin/python benchmark/sla_throughput.py [--quick] [--json PATH]
+
+Each mode gets one server (CPU, tiny model, page 16, radix cache on, a ``--max-total-tokens`` small enough that KV
+memory limits concurrency); on it, one bench_serving run per request rate (Poisson arrivals, ``random-ids``
+prompts of exactly ``--input-len`` ids, exactly ``--output-len`` greedy tokens each, the same seed everywhere).
+From each run: output throughput (tok/s) and p95 end-to-end latency.
+
+The SLA, written down (the paper's definition made exact):
+1. Naive-Evict's *saturation point* (per policy) is the lowest swept rate whose output throughput is at least 97%
+   of the highest throughput Naive-Evict reaches in the sweep (past it, a higher rate only adds queueing);
+2. the SLA latency is 1.05 x Naive-Evict's p95 end-to-end latency at that rate;
+3. a mode's *SLA throughput* is the highest output throughput among its runs whose p95 latency is within the SLA
+   latency (0 if none).
+Plain SGLang is measured against the SLA of the first policy's Naive-Evict. The table prints every (rate,
+throughput, p95) point and each mode's SLA throughput relative to Naive-Evict's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+from vtoken_sglang.serving import SglangServer, cpu_env, default_server_args  # noqa: E402
+from vtoken_sglang.tiny_model import build  # noqa: E402
+
+from serve_bench import write_runs_json  # noqa: E402
+
+SATURATION = 0.97  # a rate within 3% of Naive-Evict's best throughput is its saturation point
+SLA_SLACK = 1.05
+
+
+def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -> dict:
+    """One bench_serving run at ``rate`` requests/s (``inf``: all at once); its output throughput and p95 latency."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.jsonl"
+        cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
+               "--model", model, "--tokenizer", model, "--dataset-name", "random-ids",
+               "--num-prompts", str(args.requests), "--random-input-len", str(args.input_len),
+               "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
+               "--request-rate", str(rate), "--seed", str(seed), "--disable-tqdm", "--output-file", str(out)]
+        run = subprocess.run(cmd, capture_output=True, text=True, env=cpu_env(), timeout=1800)
+        if run.returncode != 0:
+            raise RuntimeError(f"bench_serving at rate {rate} failed: {run.stderr[-2000:]}")
+        rec = json.loads(out.read_text().strip().splitlines()[-1])
+    return {"rate": rate, "completed": rec["completed"], "output_throughput": round(rec["output_throughput"], 1),
+            "p95_latency_s": round(rec["p95_e2e_latency_ms"] / 1e3, 2)}
+
+
+def run_mode(model: str, mode: str, policy: str | None, args, bar) -> dict:
+    flags = default_server_args(max_total_tokens=args.max_total_tokens)
+    if mode == "plain":
+        flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes
+    else:
+        flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(args.budget_ratio),
+                  "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
+    points = []
+    with SglangServer(model, flags) as server:
+        for i, rate in enumerate(args.rates):
+            bar.set_postfix_str(f"{mode} {policy or ''} rate {rate}")
+            points.append(bench_rate(server, model, rate, args, seed=7 + i))
+            bar.update(1)
+    return {"mode": mode, "policy": policy or "none", "budget_ratio": args.budget_ratio if mode != "plain" else 1.0,
+            "max_total_tokens": args.max_total_tokens, "requests": args.requests, "input_len": args.input_len,
+            "output_len": args.output_len, "points": points}
+
+
+def sla_of(naive: dict) -> tuple[float, float]:
+    """(saturation rate, SLA latency) from Naive-Evict's sweep (the rules in the module docstring)."""
+    best = max(p["output_throughput"] for p in naive["points"])
+    sat = next(p for p in naive["points"] if p["output_throughput"] >= SATURATION * best)
+    return sat["rate"], SLA_SLACK * sat["p95_latency_s"]
+
+
+def sla_throughput(run: dict, latency: float) -> float:
+    ok = [p["output_throughput"] for p in run["points"] if p["p95_latency_s"] <= latency]
+    return max(ok, default=0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="random only, 4 rates, 16 requests per point (about 8 min here)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--quick: random)")
+    ap.add_argument("--rates", nargs="+", type=float, default=None, help="requests/s, ascending (inf: all at once)")
+    ap.add_argument("--budget-ratio", type=float, default=0.5)
+    ap.add_argument("--max-total-tokens", type=int, default=4096)
+    ap.add_argument("--requests", type=int, default=32, help="prompts per rate point")
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=384)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.policies = args.policies or ["random"]
+        args.rates = args.rates or [2.0, 4.0, 8.0, float("inf")]
+        args.requests, args.output_len = 16, 256
+    args.policies = args.policies or ["random", "streaming"]
+    args.rates = args.rates or [0.5, 1.0, 2.0, 4.0, float("inf")]
+    from tqdm import tqdm
+
+    model = str(build())
+    t0 = time.monotonic()
+    modes = [("plain", None)] + [(m, p) for p in args.policies for m in ("naive", "vtoken")]
+    with tqdm(total=len(modes) * len(args.rates), desc="sla_throughput", unit="point", file=sys.stderr) as bar:
+        runs = [run_mode(model, mode, policy, args, bar) for mode, policy in modes]
+    print(f"sla_throughput: {args.requests} requests per rate x ({args.input_len} in, {args.output_len} out), "
+          f"--max-total-tokens {args.max_total_tokens}, page 16, budget ratio {args.budget_ratio}")
+    hdr = f"{'mode':<8}{'policy':<11}" + "".join(f"{'r=' + format(r, 'g'):>16}" for r in args.rates) + f"{'SLA tok/s':>11}{'x naive':>9}"
+    print(hdr)
+    print(f"{'':<19}" + "".join(f"{'tok/s  p95_s':>16}" for _ in args.rates))
+    print("-" * len(hdr))
+    first_naive = next(r for r in runs if r["mode"] == "naive")
+    for r in runs:
+        naive = next((n for n in runs if n["mode"] == "naive" and n["policy"] == r["policy"]), first_naive)
+        r["saturation_rate"], r["sla_latency_s"] = sla_of(naive)
+        r["sla_throughput"] = sla_throughput(r, r["sla_latency_s"])
+        r["x_naive"] = round(r["sla_throughput"] / max(sla_throughput(naive, r["sla_latency_s"]), 1e-9), 2)
+        cells = "".join(f"{p['output_throughput']:>9.1f}{p['p95_latency_s']:>7.2f}" for p in r["points"])
+        print(f"{r['mode']:<8}{r['policy']:<11}{cells}{r['sla_throughput']:>11.1f}{r['x_naive']:>9.2f}")
+    for policy in args.policies:
+        n = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
+        print(f"{policy}: Naive-Evict saturates at rate {n['saturation_rate']:g}; SLA = p95 <= {n['sla_latency_s']:.2f} s")
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    if args.json:
+        write_runs_json(args.json, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
