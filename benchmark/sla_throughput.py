@@ -97,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-total-tokens", type=int, default=4096)
     ap.add_argument("--requests", type=int, default=32, help="prompts per rate point")
     ap.add_argument("--input-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=384)
+    ap.add_argument("--output-len", type=int, default=480)
     args = ap.parse_args(argv)
     if args.quick:
         args.policies = args.policies or ["random"]
-        args.rates = args.rates or [2.0, 4.0, 8.0, float("inf")]
-        args.requests, args.output_len = 16, 256
+        args.rates = args.rates or [1.0, 2.0, 4.0, float("inf")]
+        args.requests = 16
     args.policies = args.policies or ["random", "streaming"]
-    args.rates = args.rates or [0.5, 1.0, 2.0, 4.0, float("inf")]
+    args.rates = args.rates or [1.0, 2.0, 4.0, 8.0, float("inf")]
     from tqdm import tqdm
 
     model = str(build())
