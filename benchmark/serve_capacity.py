@@ -119,7 +119,7 @@ SHARED_MODES = (("naive", ["--vtoken-reclaim", "off"]), ("no-cow", ["--vtoken-co
 
 def shared_prefix_prompts(requests: int, degree: int, system_len: int, question_len: int, seed: int) -> list[list[int]]:
     """``requests`` prompts in groups of ``degree`` sharing a random system prompt of ``system_len`` ids, each with
-    its own random question; the groups' system prompts differ from the first id."""
+    its own random question; the groups' system prompts are random, so they share no page."""
     systems = random_prompts(requests // degree, system_len, seed=seed)
     questions = random_prompts(requests, question_len, seed=seed + 1)
     return [systems[i // degree] + questions[i] for i in range(requests)]
@@ -127,9 +127,9 @@ def shared_prefix_prompts(requests: int, degree: int, system_len: int, question_
 
 def run_shared_prefix(model: str, args) -> list[dict]:
     """One server per mode (Naive-Evict, vToken without copy-on-write, vToken with it); on it, one load per sharing
-    degree, each over new system prompts. Per load: the peak of SGLang's token usage over its decode steps (pages
-    held: the pool less free pages and less the tree's evictable pages, which any allocation may take back), peak
-    running requests, and the greedy tokens (compared across modes)."""
+    degree, each over new system prompts. Per load: the mean and the peak of SGLang's token usage over its logged
+    steps (pages held: the pool less free pages and less the tree's evictable pages, which any allocation may take
+    back), peak running requests, and the greedy tokens (compared across modes)."""
     runs = []
     for mode, extra in SHARED_MODES:
         flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"] + [
