@@ -21,8 +21,8 @@ the previous decode step, the whole loop included), ``score_ms`` (vToken's scori
 
 Score-based policies (h2o, tova, scissorhands, snapkv) need attention scores the engine collects; ``--score-every``
 runs vToken once per k (the first k is the one compared with Naive-Evict), and the cost of scoring is read by
-comparing ``step_ms`` with a score-free policy (random) on the same load ("off"). snapkv runs with the radix cache
-off (it evicts prompt tokens) and scores only prefills.
+comparing ``step_ms`` with a score-free policy (random) on the same load ("off"). snapkv scores only prefills; its
+prompt victims leave the radix tree's pages by copy-on-write.
 
 ``--shared-prefix`` runs the copy-on-write scenario instead: requests in groups of ``degree`` (1, 2, 4, 8) share a
 random system prompt (``--system-len`` ids, then a question of ``--input-len``), on three servers: Naive-Evict,
@@ -83,9 +83,7 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
     if mode != "plain":
         flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(ratio),
                   "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
-        if policy == "snapkv":
-            flags += ["--disable-radix-cache"]
-        elif policy in SCORE_POLICIES:
+        if policy in SCORE_POLICIES and policy != "snapkv":
             flags += ["--vtoken-score-every", str(every)]
     else:
         flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes

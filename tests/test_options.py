@@ -19,7 +19,6 @@ BAD_CLI = [
     (["--enable-vtoken", "--enable-streaming-session"], "--enable-streaming-session: streaming sessions (rows kept across requests) are not supported"),
     (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
     (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
-    (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512"], "--vtoken-policy snapkv evicts prompt tokens, which the radix cache shares"),
     (["--enable-vtoken", "--enable-mixed-chunk"], "--enable-mixed-chunk: mixed prefill/decode batches are not supported"),
     (["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova"),
     (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova"),

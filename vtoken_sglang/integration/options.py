@@ -222,11 +222,6 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
             f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
             "in an extend batch get positions from their live length, not their logical one)"
         )
-    if cfg.vtoken_policy == "snapkv" and not getattr(server_args, "disable_radix_cache", False):
-        raise ConfigError(
-            f"{display('vtoken_policy')} snapkv evicts prompt tokens, which the radix cache shares (never evicted "
-            f"without copy-on-write); add {flag('disable_radix_cache')}"
-        )
     if cfg.vtoken_policy in DECODE_SCORE_POLICIES and not on_cpu and not getattr(server_args, "disable_cuda_graph", False):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
