@@ -50,8 +50,9 @@ class PrefixCow:
         each path node, end column of the prefix). A node's lock count is the number of requests, among ``cands``
         and the other lock holders ``others`` (running requests not managed, the request being chunked), whose
         locked path contains it: SGLang's tree core does not expose per-node counts (its Rust core has no node
-        objects). A holder it does not show (a HiCache prefetch) can only make a copy not pay off; it never makes
-        one wrong: the tree's slots are never touched, and the node stays locked by that holder."""
+        objects). In the configurations vToken accepts there is no other holder (HiCache and streaming sessions are
+        refused at start); one it did not see could only make a copy not pay off, never make it wrong: the tree's
+        slots are never touched, and the node stays locked by that holder."""
         locked = [r for r in others if r.lock is not None and not self.tree.is_root(r.lock.node)]
         paths = self.core.collect_path_info([r.lock.node for r in cands + locked])
         lock_ref: dict = {}
