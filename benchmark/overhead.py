@@ -39,7 +39,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
-from serve_bench import dash, decode_step_ms, random_prompts, write_runs_json  # noqa: E402
+from serve_bench import dash, decode_step_ms, random_prompts, finish  # noqa: E402
 
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
 MODES: dict[str, list[str]] = {
@@ -140,10 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         w = by["worker"]["plan_ms_per_step"]
         print(f"worker: planning inside the scheduler loop {dash(w, '.3f')} ms per decode step; target < 0.2 ms: "
               f"{'met' if w is not None and w < 0.2 else 'MISSED'}")
-    print(f"wall {time.monotonic() - t0:.0f} s")
-    if args.json:
-        write_runs_json(args.json, runs)
-    return 0
+    return finish(t0, runs, args.json)
 
 
 if __name__ == "__main__":

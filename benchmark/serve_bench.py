@@ -1,11 +1,12 @@
-"""What the server benchmarks (serve_capacity.py, overhead.py) share: the load's prompts, the decode step times
-read from SGLang's log, the table's empty cell, and the ``--json`` record."""
+"""What the server benchmarks (serve_capacity.py, overhead.py, sla_throughput.py) share: the load's prompts, the
+decode step times read from SGLang's log, the table's empty cell, and the closing wall time and ``--json`` record."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
+import time
 from pathlib import Path
 
 # SGLang's decode log line: #running-req and the gen throughput over the steps since the previous line
@@ -31,3 +32,12 @@ def write_runs_json(path: Path, runs: list[dict]) -> None:
     """``{"runs": [...]}`` without the private (``_``-prefixed) fields."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
+
+
+def finish(t0: float, runs: list[dict], json_path: Path | None) -> int:
+    """A benchmark's last lines: its wall time since ``t0`` (``time.monotonic``), then ``--json`` if asked. Returns
+    the exit status 0."""
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    if json_path:
+        write_runs_json(json_path, runs)
+    return 0

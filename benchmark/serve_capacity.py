@@ -49,7 +49,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
-from serve_bench import dash, decode_step_ms, random_prompts, write_runs_json  # noqa: E402
+from serve_bench import dash, decode_step_ms, random_prompts, finish  # noqa: E402
 
 PAGE = 16
 RUNNING = re.compile(r"#running-req: (\d+)")
@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the shared-prefix scenario: Naive-Evict, vToken without and with copy-on-write, per sharing degree")
     ap.add_argument("--degrees", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--system-len", type=int, default=512)
-    ap.add_argument("--max-total-tokens", type=int, default=8192)
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="default: 8192 (--shared-prefix: 32768)")
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=None, help="prompt ids; default: 64 (--shared-prefix: the question, 16)")
     ap.add_argument("--output-len", type=int, default=960)
     ap.add_argument("--score-every", nargs="+", type=int, default=[1, 4],
                     help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)")
@@ -203,20 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.shared_prefix:
         args.policies = args.policies or ["random"]
         args.budget_ratio = args.budget_ratio or 0.25
-        args.input_len = 16 if args.input_len == 64 else args.input_len  # the question
-        args.max_total_tokens = 32768 if args.max_total_tokens == 8192 else args.max_total_tokens
+        args.input_len = args.input_len or 16  # the question
+        args.max_total_tokens = args.max_total_tokens or 32768
         if args.quick:
             args.requests, args.system_len, args.output_len = 8, 256, 256
         if any(args.requests % d for d in args.degrees):
             ap.error("--requests must be a multiple of every --degrees value")
         runs = run_shared_prefix(model, args)
         print_shared_prefix(runs, args)
-        print(f"wall {time.monotonic() - t0:.0f} s")
-        if args.json:
-            write_runs_json(args.json, runs)
-        return 0
+        return finish(t0, runs, args.json)
     args.policies = args.policies or ["random", "streaming"]
     args.budget_ratio = args.budget_ratio or 0.5
+    args.input_len, args.max_total_tokens = args.input_len or 64, args.max_total_tokens or 8192
     if args.quick:
         args.max_total_tokens, args.requests, args.input_len, args.output_len = 4096, 16, 32, 480
     runs = [run_mode(model, "plain", None, 1.0, args)]
@@ -260,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                  for r in runs if r["mode"] == "vtoken" and r["policy"] == policy]
         base = f"; off (random, no scores): step {dash(off['step_ms'], '.2f')} ms" if off else ""
         print(f"{policy} scoring cost per decode step, vToken: {', '.join(parts)}{base}")
-    print(f"wall {time.monotonic() - t0:.0f} s")
-    if args.json:
-        write_runs_json(args.json, runs)
-    return 0
+    return finish(t0, runs, args.json)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from vtoken_sglang.serving import SglangServer, cpu_env, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
-from serve_bench import write_runs_json  # noqa: E402
+from serve_bench import finish  # noqa: E402
 
 SATURATION = 0.97  # a rate within 3% of Naive-Evict's best throughput is its saturation point
 SLA_SLACK = 1.05
@@ -129,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         n = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
         print(f"{policy}: Naive-Evict saturates at rate {n['saturation_rate']:g}; SLA = p95 <= {n['sla_latency_s']:.2f} s")
-    print(f"wall {time.monotonic() - t0:.0f} s")
-    if args.json:
-        write_runs_json(args.json, runs)
-    return 0
+    return finish(t0, runs, args.json)
 
 
 if __name__ == "__main__":

@@ -104,15 +104,14 @@ def plan_cow(holders: Sequence[Holder], nodes: dict[int, PrefixNode], page_size:
     decisions: list[CowDecision] = []
     released = copied = 0
 
-    def decide(key: int, cut: int) -> tuple[CowDecision, int]:
-        h = by_key[key]
-        tokens = h.live_from[cut] if cut < len(h.path) else 0
-        return CowDecision(key, cut, tokens, _pages(tokens, page_size)), sum(nodes[n].pages for n in h.path[cut:])
+    def decide(key: int, cut: int) -> CowDecision:
+        tokens = by_key[key].live_from[cut]  # cut < len(path): every caller has something to release
+        return CowDecision(key, cut, tokens, _pages(tokens, page_size))
 
     for root in sorted(groups):
         members = groups[root]
         cuts = {k: _suffix_start(by_key[k].path, releasable.__contains__) for k in members}
-        group = [decide(k, c)[0] for k, c in cuts.items()]
+        group = [decide(k, c) for k, c in cuts.items()]
         freed = sum(nodes[n].pages for n in {n for k, c in cuts.items() for n in by_key[k].path[c:]})
         cost = sum(d.pages for d in group)
         if freed > cost and (allow_copies or all(d.tokens == 0 for d in group)):
@@ -123,7 +122,7 @@ def plan_cow(holders: Sequence[Holder], nodes: dict[int, PrefixNode], page_size:
             cut = _suffix_start(by_key[k].path, lambda n: n in releasable and len(holders_of[n]) == 1)
             if cut == len(by_key[k].path):
                 continue
-            d, freed = decide(k, cut)
+            d, freed = decide(k, cut), sum(nodes[n].pages for n in by_key[k].path[cut:])
             if freed > d.pages and (allow_copies or d.tokens == 0):
                 decisions.append(d)
                 released, copied = released + freed, copied + d.pages
