@@ -9,6 +9,8 @@ and ``scoring_cost.py`` beside it. Rows (``check  result  figure  unit/notes``),
   ``copy_order``  the copy engine's copy runs after the writer of its sources and before a reader that called
                   ``publish_after`` (each side delayed in turn with ``torch.cuda._sleep``, so a missing order reads
                   stale values);
+  ``overlap_order``  with ``producer`` set to a separate forward stream (SGLang's overlap scheduler), a copy runs
+                  after that stream's late writer (and, as a control, reads stale values without it);
   ``fence_done``  ``Fence.done()`` is false while earlier work runs, does not block, and once true the copy
                   published before it is complete;
   ``reclaim_integrity``  a Reclaimer over a TokenTable with real evictions, relocating K/V stamped with
@@ -140,6 +142,36 @@ def check_copy_order(s: Setup) -> Row:
     how = (f"writer / copy stream delayed 20 ms in turn; copy() took {max(issue_ms):.2f} ms on the host while the "
            "writer slept" if s.device == "cuda" else "CpuCopyEngine (synchronous)")
     return Row("copy_order", "ok", "4/4", f"rounds ok; {how}", data={"copy_issue_ms_writer_asleep": issue_ms})
+
+
+def check_overlap_order(s: Setup) -> Row:
+    """SGLang's overlap scheduler: the last forward runs on its own stream, unordered with the scheduling stream
+    that issues the copy. With the engine's ``producer`` set to that stream, a copy reads what the late forward
+    wrote; the same round without it must read the old sources (the order comes from ``producer``)."""
+    if s.device != "cuda":
+        return Row("overlap_order", "ok", "-", "CpuCopyEngine (synchronous; the forward has finished)")
+    bufs = [torch.zeros(1 << 16, 8, device=s.device) for _ in range(2)]
+    src = torch.arange(0, 4096)
+    dst = src + 8192
+    src_d, dst_d = src.to(s.device), dst.to(s.device)
+    forward = torch.cuda.Stream()
+    seen = {}
+    for ordered, value in ((True, 5.0), (False, 9.0)):
+        eng = make_copy_engine(bufs)
+        eng.producer = forward if ordered else None
+        sync(s.device)
+        with torch.cuda.stream(forward):
+            s.sleep(20)
+            for b in bufs:
+                b[src_d] = value
+        eng.publish_after(eng.copy(src, dst))
+        seen[ordered] = float(torch.stack([b[dst_d].sum() for b in bufs]).sum().cpu())
+        sync(s.device)
+    want = 5.0 * src.numel() * 8 * len(bufs)
+    if seen[True] != want:
+        raise AssertionError(f"with producer: the copy read {seen[True]}, want {want}")
+    control = "stale without it (control)" if seen[False] != 9.0 * src.numel() * 8 * len(bufs) else "control not stale"
+    return Row("overlap_order", "ok", "1/1", f"copy after a forward stream delayed 20 ms; {control}")
 
 
 def check_fence(s: Setup) -> Row:
@@ -524,7 +556,8 @@ def single(name: str, fn: Callable[[Setup], Row], s: Setup) -> Iterator[Row]:
 
 def run_checks(s: Setup) -> list[Row]:
     """Every check in order, each row printed as soon as it is known (a timeout still leaves the rows so far)."""
-    stages = [single("copy_order", check_copy_order, s), single("fence_done", check_fence, s),
+    stages = [single("copy_order", check_copy_order, s), single("overlap_order", check_overlap_order, s),
+              single("fence_done", check_fence, s),
               single("reclaim_integrity", check_reclaim, s), guarded_rows("copy_time", False, time_copy_rows(s)),
               single("triton_scores", check_triton, s), single("window_scores", check_window, s),
               guarded_rows("scoring_cost", False, scoring_rows(s))]

@@ -4,8 +4,8 @@
 
 Modes, each on its own server (CPU, tiny model, page 16, radix cache on, a KV pool large enough that memory never
 limits the batch, so every mode runs the same batches):
-- ``plain``: SGLang without vToken, overlap scheduling off (vToken runs the non-overlapped loop, so this is the
-  like-for-like baseline); ``plain_overlap``: SGLang's default loop, for reference;
+- ``plain``: SGLang without vToken, its default (overlap) scheduling loop, which the vToken modes run too (the
+  like-for-like baseline); ``plain_serial``: overlap scheduling off, for reference;
 - ``hooks``: ``--enable-vtoken`` with policy none (every hook installed, nothing evicted);
 - ``inline``: random eviction, budget ratio 0.5, reclaim planned in the scheduler (``--vtoken-planner inline``);
 - ``worker``: the same, planned by the compaction worker process (``--vtoken-planner worker``).
@@ -43,8 +43,8 @@ from serve_bench import dash, decode_step_ms, random_prompts, finish  # noqa: E4
 
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
 MODES: dict[str, list[str]] = {
-    "plain": ["--disable-overlap-schedule"],
-    "plain_overlap": [],
+    "plain": [],
+    "plain_serial": ["--disable-overlap-schedule"],
     "hooks": ["--enable-vtoken"],
     "inline": ["--enable-vtoken", *EVICT, "--vtoken-planner", "inline"],
     "worker": ["--enable-vtoken", *EVICT, "--vtoken-planner", "worker"],
@@ -90,7 +90,7 @@ def run_mode(model: str, mode: str, args) -> dict:
         "repeats": args.repeats, "output_throughput": round(tput, 1), "throughputs": [round(t, 1) for t in tputs],
         "spread": round((max(tputs) - min(tputs)) / tput, 4),
         "step_ms": round(steps_log[len(steps_log) // 2], 3) if steps_log else None,
-        "hook_ms_per_step": per_step("hook_ms") if mode not in ("plain", "plain_overlap") else None,
+        "hook_ms_per_step": per_step("hook_ms") if mode not in ("plain", "plain_serial") else None,
         "plan_ms_per_step": per_step("worker_link_ms" if mode == "worker" else "planner_ms") if mode in ("inline", "worker") else None,
         "copy_ms_per_step": per_step("copy_ms") if mode in ("inline", "worker") else None,
         "pages_reclaimed": int(delta["pages_reclaimed"]), "decode_steps": int(steps), "_ids": ids,

@@ -85,8 +85,6 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
                   "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
         if policy in SCORE_POLICIES and policy != "snapkv":
             flags += ["--vtoken-score-every", str(every)]
-    else:
-        flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes
     print(f"[serve_capacity] {mode} {policy or ''}: starting a server ...", file=sys.stderr, flush=True)
     with SglangServer(model, flags) as server:
         load = run_load(server, random_prompts(args.requests, args.input_len), args.output_len)

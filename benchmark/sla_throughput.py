@@ -59,9 +59,7 @@ def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -
 
 def run_mode(model: str, mode: str, policy: str | None, args, bar) -> dict:
     flags = default_server_args(max_total_tokens=args.max_total_tokens)
-    if mode == "plain":
-        flags += ["--disable-overlap-schedule"]  # the same scheduling loop as the vToken modes
-    else:
+    if mode != "plain":  # every mode runs SGLang's default (overlap) scheduling loop
         flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(args.budget_ratio),
                   "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
     points = []

@@ -166,6 +166,32 @@ class TestCudaCopyEngine:
         torch.cuda.synchronize()
         assert fence.done() and bool((out == 7.0 * 4096 * 8).all())
 
+    def test_copy_waits_for_the_forward_stream_under_overlap(self):
+        """SGLang's overlap scheduler: the forward of the last step runs on its own stream, not ordered before the
+        scheduling stream that issues the copy. With ``producer`` set, the copy still reads what that forward
+        wrote; without it, it reads the old sources (so the order really comes from ``producer``)."""
+        from vtoken_sglang.core.copy_engine import CudaCopyEngine
+
+        bufs = [torch.zeros(1 << 16, 8, device="cuda") for _ in range(2)]
+        src = torch.arange(0, 4096, device="cuda")
+        dst = src + 8192
+        forward = torch.cuda.Stream()
+        got = {}
+        for ordered in (True, False):
+            eng = CudaCopyEngine(bufs)
+            eng.producer = forward if ordered else None
+            value = 5.0 if ordered else 9.0
+            torch.cuda.synchronize()
+            with torch.cuda.stream(forward):  # the forward in flight writes the sources, late
+                torch.cuda._sleep(50_000_000)
+                for b in bufs:
+                    b[src] = value
+            eng.publish_after(eng.copy(src, dst))
+            got[ordered] = torch.stack([b[dst].sum() for b in bufs]).cpu()
+            torch.cuda.synchronize()
+        assert bool((got[True] == 5.0 * 4096 * 8).all())
+        assert not bool((got[False] == 9.0 * 4096 * 8).all())  # unordered: the copy ran before the late writer
+
     def test_reclaimer_on_cuda_keeps_invariants(self):
         from vtoken_sglang.core.copy_engine import CudaCopyEngine
         from vtoken_sglang.core.reclaimer import Reclaimer

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ("copy_order", "fence_done", "reclaim_integrity", "copy_time[", "triton_scores", "window_scores", "scoring_cost[")
+CHECKS = ("copy_order", "overlap_order", "fence_done", "reclaim_integrity", "copy_time[", "triton_scores", "window_scores", "scoring_cost[")
 
 
 def test_gpu_check_passes_on_cpu(tmp_path):

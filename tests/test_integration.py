@@ -1,6 +1,6 @@
 """vToken inside real SGLang (CPU, tiny model, page 16, radix cache on): Naive-Evict and vToken evict the same
-victims and give identical greedy tokens, vToken holds fewer pages, nothing leaks (SGLang's strict idle memory
-check is on), aborts and retraction too. (bench_serving, the frontend programs and Prometheus: test_cow.py.)"""
+victims and give identical greedy tokens, with SGLang's overlap scheduler on and off, vToken holds fewer pages,
+nothing leaks (SGLang's strict idle memory check is on), aborts and retraction too. (bench_serving, the frontend programs and Prometheus: test_cow.py.)"""
 
 import concurrent.futures
 import json
@@ -22,10 +22,12 @@ PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i
 
 @pytest.fixture(scope="module")
 def naive_and_vtoken(tiny_model, tmp_path_factory):
-    """Run the same concurrent load on a Naive-Evict server, a vToken server, and a vToken server whose plans come
-    from the compaction worker, killed (-9) in the middle of the load (one server at a time)."""
+    """Run the same concurrent load on a Naive-Evict server, a vToken server, the same without SGLang's overlap
+    scheduler (the others run with it, SGLang's default), and a vToken server whose plans come from the compaction
+    worker, killed (-9) in the middle of the load (one server at a time)."""
     results = {}
     for mode, extra in (("naive", ["--vtoken-reclaim", "off"]), ("vtoken", ["--vtoken-reclaim", "on"]),
+                        ("serial", ["--vtoken-reclaim", "on", "--disable-overlap-schedule"]),
                         ("worker", ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"])):
         log = tmp_path_factory.mktemp(mode) / "server.log"
         with SglangServer(tiny_model, default_server_args() + EVICT + extra, log_path=log, env=STRICT) as s:
@@ -88,6 +90,18 @@ def test_same_victims_identical_tokens(naive_and_vtoken):
     assert vtoken["one"] == vtoken["ids"][3]  # alone or in a batch: the same victims
 
 
+def test_overlap_scheduler_on_and_off_identical(naive_and_vtoken):
+    """SGLang's overlap scheduler prepares step N+1 before step N's results are processed; vToken's eviction round
+    runs after forward N and before N+1 is prepared in both loops: the same victims and tokens. (Reclaim plans are
+    pool-wide and may differ: under overlap, requests that end at step N still hold their pages at that round.)"""
+    overlap, serial = naive_and_vtoken["vtoken"], naive_and_vtoken["serial"]
+    assert "'disable_overlap_schedule': False" in overlap["log"] and "'disable_overlap_schedule': True" in serial["log"]
+    assert overlap["ids"] == serial["ids"] and overlap["one"] == serial["one"]
+    for key in ("tokens_evicted", "digest_victims"):
+        assert overlap["vtoken"][key] == serial["vtoken"][key], key
+    assert overlap["vtoken"]["pages_reclaimed"] > 0 and serial["vtoken"]["pages_reclaimed"] > 0
+
+
 def test_worker_planner_survives_kill(naive_and_vtoken):
     """Plans from the worker process were applied; after kill -9 the worker came back (log line and metric),
     planning never ran in the scheduler, and the server's shutdown left no worker behind."""
@@ -103,7 +117,7 @@ def test_worker_planner_survives_kill(naive_and_vtoken):
 
 def test_decode_positions_are_logical_after_eviction(naive_and_vtoken):
     """Checked in the server against SGLang's own request bookkeeping (prompt + generated - 1), every decode step."""
-    for mode in ("naive", "vtoken", "worker"):
+    for mode in ("naive", "vtoken", "serial", "worker"):
         st = naive_and_vtoken[mode]["vtoken"]
         assert st["requests_managed"] > 0 and st["position_checks"] > 1000
         assert st["position_mismatches"] == 0
@@ -118,7 +132,7 @@ def test_reclaim_frees_pages(naive_and_vtoken):
 
 
 def test_no_leaks(naive_and_vtoken):
-    for mode in ("naive", "vtoken", "worker"):
+    for mode in ("naive", "vtoken", "serial", "worker"):
         r = naive_and_vtoken[mode]
         assert r["healthy"], r["log"][-3000:]
         assert r["vtoken"]["live_tokens"] == 0 and r["vtoken"]["allocated_pages"] == 0

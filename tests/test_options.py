@@ -20,6 +20,7 @@ BAD_CLI = [
     (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
     (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
     (["--enable-vtoken", "--enable-mixed-chunk"], "--enable-mixed-chunk: mixed prefill/decode batches are not supported"),
+    (["--enable-vtoken", "--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
     (["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova"),
     (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova"),
     (["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-history", "8"], "--vtoken-history needs --vtoken-policy scissorhands"),
@@ -58,6 +59,10 @@ def test_good_cli_attaches_config_and_defaults(plugins_loaded, tiny_model):
     cfg = VTokenConfig.from_json(args._vtoken_config)
     assert cfg.enabled and cfg.vtoken_policy == "streaming" and cfg.vtoken_budget == 512 and not cfg.vtoken_reclaim
     assert args.page_size == 16 and args.attention_backend == "torch_native" and args.max_total_tokens == 4096
+    assert not args.disable_overlap_schedule  # SGLang's overlap scheduler stays on
+    scored = prepare_server_args(["--model-path", tiny_model, "--enable-vtoken", "--vtoken-policy", "h2o",
+                                  "--vtoken-budget", "512"])
+    assert scored.disable_overlap_schedule  # a score-based policy needs each step's queries before the next forward
 
 
 def test_without_vtoken_sglang_args_are_untouched(plugins_loaded, tiny_model):

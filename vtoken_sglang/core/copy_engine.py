@@ -8,6 +8,11 @@ Contract (one interface, two implementations):
 - ``fence()``: a marker after the work issued so far on the caller's stream; ``Fence.done()`` tells, without
   blocking, whether it has completed. Source pages are released only when the fence taken after the last
   forward that could read them is done (the grace period).
+- ``producer``: a stream the forwards run on when it is not the caller's (SGLang's overlap scheduler: the caller
+  is the scheduling stream, and the forward of the last step may still run). Every copy also waits for the work
+  already queued there: the forward that wrote the sources, and that may still read freed pages a copy writes.
+  The next forward is queued after the caller's stream, so ``publish_after`` orders it after the copy, and pages
+  freed by eviction or by a plan are next written only after that forward: no grace period is needed.
 
 ``CpuCopyEngine`` is synchronous (every fence is done at once). ``CudaCopyEngine`` copies on a dedicated stream
 ordered by CUDA events; its kernel is warmed up at construction.
@@ -52,6 +57,7 @@ class CopyEngine(abc.ABC):
         """``buffers``: every K and V tensor, each indexed by slot along dim 0."""
         assert buffers, "no KV buffers"
         self.buffers = list(buffers)
+        self.producer = None  # CUDA: the forward stream, when it is not the caller's (see the module docstring)
 
     @abc.abstractmethod
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket: ...
@@ -103,6 +109,8 @@ class CudaCopyEngine(CopyEngine):
         ready.record(caller)  # after the forward that last wrote the sources, and after the index uploads
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
+            if self.producer is not None:
+                self.stream.wait_stream(self.producer)
             for buf in self.buffers:
                 buf.index_copy_(0, dst, buf.index_select(0, src))
             done = torch.cuda.Event()

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, DECODE_SCORE_POLICIES, ConfigError, VTokenConfig, kwarg_display
+from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, DECODE_SCORE_POLICIES, SCORE_POLICIES, ConfigError, VTokenConfig, kwarg_display
 
 logger = logging.getLogger(__name__)
 
@@ -214,9 +214,14 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     on_cpu = server_args.device == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
     if server_args.attention_backend is None:
         server_args.attention_backend = "torch_native" if on_cpu else "flashinfer"
-    # Until the event-ordered copy path lands, vToken edits rows between steps with no forward in flight.
-    if not getattr(server_args, "disable_overlap_schedule", True):
+    if getattr(server_args, "pp_size", 1) > 1:
+        raise ConfigError(f"{flag('pp_size')} {server_args.pp_size}: pipeline parallelism is not supported with vToken")
+    # A score-based policy scores the step that just ran with the queries its forward kept; under the overlap
+    # scheduler the next forward runs first and replaces them. Other policies run with overlap on or off.
+    if cfg.vtoken_policy in SCORE_POLICIES and not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
+        logger.info("vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
+                    "the next forward)", display("vtoken_policy"), cfg.vtoken_policy)
     if getattr(server_args, "enable_mixed_chunk", False):
         raise ConfigError(
             f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "

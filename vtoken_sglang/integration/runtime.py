@@ -103,7 +103,8 @@ class VTokenRuntime:
         self.table = TokenTable(rows, width, self.pool, slots=self.req_to_token,
                                 state_names=self.policy.state_names if self.policy else ())
         buffers = list(kv_pool.k_buffer) + list(kv_pool.v_buffer)
-        # Non-overlapped scheduling: no forward is in flight when plans are applied, so sources are free at once.
+        # Sources are free at once: without overlap no forward is in flight when plans are applied; with it, copies
+        # wait for the forward in flight (the engine's producer stream) and the next forward waits for the copies.
         self.reclaimer = Reclaimer(self.table, make_copy_engine(buffers), theta=cfg.vtoken_theta,
                                    grace_steps=0, enabled=cfg.vtoken_reclaim)
         self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)  # logical_len - live_len per row
@@ -120,6 +121,7 @@ class VTokenRuntime:
         self.logged_rounds = 0
         self.position_checks = 0  # debug check of decode positions (VTOKEN_SGLANG_CHECK_POSITIONS=1)
         self.position_mismatches = 0
+        self.pending_results = lambda: ()  # the overlap scheduler's queued (batch, result) pairs (scheduler hook)
         self.prompt_in_tree = True  # the radix cache takes each prompt's whole pages after prefill (scheduler hook)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
         # Score-based policies: queries saved by the attention hook, turned into scores after each scored step.
@@ -188,9 +190,10 @@ class VTokenRuntime:
             rows = rows[managed]
             self.table.sync_new_tokens(rows, torch.ones_like(rows), claim_pages=True)
 
-    def evict(self, batch, lock_holders: list = ()) -> None:
+    def evict(self, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
         """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch.
-        ``lock_holders``: requests outside the batch that may hold a radix-tree lock (the one being chunked)."""
+        ``lock_holders``: requests outside the batch that may hold a radix-tree lock (the one being chunked).
+        ``ending``: ids of requests whose not yet processed result ends them (overlap scheduler); left alone."""
         self.decode_steps += 1
         if self.policy is None:
             return
@@ -199,16 +202,17 @@ class VTokenRuntime:
             for plan in self.reclaimer.step(link.next_plan):
                 self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")
         try:
-            self._evict(batch, lock_holders)
+            self._evict(batch, lock_holders, ending)
         finally:
             if link is not None:
                 link.after_step()  # snapshot the state after this step's evictions
 
-    def _evict(self, batch, lock_holders: list = ()) -> None:
+    def _evict(self, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
         # Vectorized over the batch: which running requests exceed budget + slack (by logical length).
         rows = batch.req_pool_indices.to(torch.int64)
         live = batch.seq_lens.to(torch.int64)
-        running = torch.tensor([not r.finished() for r in batch.reqs], dtype=torch.bool, device=rows.device)
+        running = torch.tensor([not r.finished() and id(r) not in ending for r in batch.reqs], dtype=torch.bool,
+                               device=rows.device)
         if self.scorer is not None:
             self._observe_scores(batch, rows, live, running)
         logical = torch.where(self.table.active[rows], self.table.logical_len[rows], live)
@@ -226,7 +230,8 @@ class VTokenRuntime:
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
         if self.cow is not None and self.rounds % COW_EVERY == 0:
-            self.cow.step(batch.reqs, lock_holders)
+            going = [r for r in batch.reqs if id(r) in ending]  # still lock their paths until their results land
+            self.cow.step([r for r in batch.reqs if id(r) not in ending] if going else batch.reqs, [*lock_holders, *going])
         if self.worker_link is None:
             for plan in self.reclaimer.step():
                 self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")

@@ -39,6 +39,8 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
         raise SystemExit(f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
                          f"{type(allocator).__name__} over {type(allocator.get_kvcache()).__name__}")
     RUNTIME = VTokenRuntime(cfg, scheduler.req_to_token_pool, allocator, allocator.get_kvcache())
+    if scheduler.enable_overlap and RUNTIME.req_to_token.is_cuda:  # copies wait for the forward in flight
+        RUNTIME.reclaimer.engine.producer = scheduler.forward_stream
     RUNTIME.prompt_in_tree = not scheduler.server_args.disable_radix_cache
     tree = scheduler.tree_cache
     if not getattr(tree, "disable", True) and hasattr(tree, "tree_core"):  # SGLang's UnifiedRadixCache, on
@@ -70,6 +72,7 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
         RUNTIME.tp_all_reduce = all_reduce
         if SCORE_DUMP:
             RUNTIME.score_dump = []
+    RUNTIME.pending_results = lambda: getattr(scheduler, "result_queue", ()) if scheduler.enable_overlap else ()
     scheduler._vtoken = RUNTIME
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
 
@@ -123,7 +126,8 @@ SCORE_DUMP = os.environ.get("VTOKEN_SGLANG_SCORE_DUMP")
 def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
     """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts.
     With ``VTOKEN_SGLANG_CHECK_POSITIONS=1`` each decode batch's positions are checked against SGLang's own
-    request bookkeeping (prompt length + generated tokens - 1), independently of the Token Table."""
+    request bookkeeping (prompt length + generated tokens - 1, counting results the overlap scheduler has not
+    processed yet), independently of the Token Table."""
     if RUNTIME is not None and RUNTIME.scorer is not None:
         if ret.forward_mode.is_extend() and RUNTIME.scorer.prefill_window > 0:
             # a request whose prompt is still being chunked has inflight_middle_chunks > 0 while its chunk runs
@@ -135,7 +139,9 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
         if RUNTIME.n_managed:  # unmanaged rows have offset 0
             ret.positions = ret.positions + RUNTIME.decode_positions_offset(ret.req_pool_indices).to(ret.positions.dtype)
         if CHECK_POSITIONS:
-            expected = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in batch.reqs]
+            # under the overlap scheduler a request's last result(s) may still be queued, not yet in output_ids
+            queued = [id(r) for b, _ in RUNTIME.pending_results() for r in b.reqs]
+            expected = [len(r.origin_input_ids) + len(r.output_ids) + queued.count(id(r)) - 1 for r in batch.reqs]
             got = ret.positions[: len(expected)].tolist()
             RUNTIME.position_checks += len(expected)
             bad = sum(g != e for g, e in zip(got, expected))
@@ -155,12 +161,30 @@ def radix_attention_forward(result, layer, q, k, v, forward_batch, *args, **kwar
     return result
 
 
+def get_next_batch_to_run(scheduler, running_batch=None, last_batch=None, *args, **kwargs) -> None:
+    """BEFORE ``Scheduler.get_next_batch_to_run``: the eviction round of the decode step that ran last, after its
+    forward and before the next batch is admitted and prepared; the same point with and without SGLang's overlap
+    scheduler. Without overlap, that step's results are processed by now. With overlap they are not (they are
+    processed after the next forward is launched), so requests whose queued result ends them by length are left
+    alone, as the results would have finished them; a request that ends on a stop token is only known to have
+    ended after this round (its extra victims change nothing it outputs). The round reads only the Token Table,
+    the batch's rows and lengths, and the tree locks, none of which a pending result changes."""
+    if RUNTIME is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
+        return None
+    queued = getattr(scheduler, "result_queue", None) if getattr(scheduler, "enable_overlap", False) else None
+    if queued:
+        pending = {id(r) for b, _ in queued for r in b.reqs}
+        ending = {id(r) for r in last_batch.reqs if id(r) in pending and r.next_output_finishes_by_length()}
+    else:
+        ending = set()
+    RUNTIME.evict(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [], ending)
+    return None
+
+
 def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.process_batch_result``: after a decode step, evict over-budget requests and reclaim; after
-    a prefill scored with a window (snapkv), rank the prompts."""
-    if RUNTIME is not None and batch is not None and batch.forward_mode.is_decode():
-        RUNTIME.evict(batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
-    elif RUNTIME is not None and batch is not None and batch.forward_mode.is_extend():
+    """AFTER ``Scheduler.process_batch_result``: after a prefill scored with a window (snapkv), rank the prompts.
+    (Score-based policies run without the overlap scheduler, so the window's queries are still this prefill's.)"""
+    if RUNTIME is not None and batch is not None and batch.forward_mode.is_extend():
         RUNTIME.after_prefill(batch)
 
 
@@ -253,6 +277,7 @@ HOOKS = {
     "sglang.srt.managers.schedule_batch.ScheduleBatch.new_tokens_required_next_decode": ("AROUND", new_tokens_required_next_decode),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode": ("AFTER", prepare_for_decode),
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", forward_batch_init_new),
+    "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": ("BEFORE", get_next_batch_to_run),
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result": ("AFTER", process_batch_result),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", release_kv_cache),
     "sglang.srt.managers.scheduler.Scheduler.get_internal_state": ("AFTER", get_internal_state),
