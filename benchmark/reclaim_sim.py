@@ -11,7 +11,8 @@ ratios 0.3/0.5/0.7 (``evict_ratio`` = fraction of each request's tokens evicted;
 evict to budget, then DECODE steps with eviction in batches (slack 16). Naive-Evict frees only pages that became
 empty; vToken also runs the reclaimer each step (theta, reserve, low watermark). Recorded at the end: resident
 pages, the lower bound sum(ceil(live / P)); mean_F = mean over all steps (the prefill eviction and every decode
-step) of F = 1 - mean utilization of allocated pages, sampled after the step (pages awaiting release count).
+step) of F = 1 - mean utilization of allocated pages, sampled after the step (pages awaiting release count);
+page_live_hist = how many allocated pages hold 0, 1, ..., P live tokens at the end (benchmark/plots.py draws it).
 
 Scenario "capacity": a fixed page budget; C requests arrive together, are prefilled round-robin in chunks of
 CHUNK tokens with eviction (and, for vToken, reclaim) after each chunk, then decode together. ``capacity`` is the
@@ -115,6 +116,12 @@ class Sim:
         self.step_no += 1
 
 
+def page_live_hist(pool: PagePool) -> list[int]:
+    """How many allocated (private) pages hold 0, 1, ..., page_size live tokens: page_size + 1 counts."""
+    live = pool.live[pool.private_mask()].to(torch.int64)
+    return torch.bincount(live, minlength=pool.page_size + 1).tolist()
+
+
 def memory_run(s: Setting, policy: str, ratio: float, mode: str) -> dict:
     per_req_pages = (s.context + s.decode) // PAGE + 2
     sim = Sim(s, policy, ratio, mode, num_pages=s.requests * per_req_pages + s.reserve + 8, rows=s.requests)
@@ -137,6 +144,7 @@ def memory_run(s: Setting, policy: str, ratio: float, mode: str) -> dict:
         "pages": sim.pool.used_pages(),
         "lower_bound_pages": sim.table.lower_bound_pages(),
         "live_tokens": int(sim.table.live_len.sum()),
+        "page_live_hist": page_live_hist(sim.pool),
         "planner_ms_p50": round(statistics.median(samples), 3) if samples else 0.0,
         "planner_calls": len(samples),
         "pages_reclaimed": sim.reclaimer.stats.pages_reclaimed,

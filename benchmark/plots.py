@@ -1,0 +1,267 @@
+"""The benchmark figures, drawn from the JSON files the benchmarks write (matplotlib, Agg backend, PNG).
+
+    .venv/bin/python benchmark/plots.py [--results DIR] [--out DIR]
+
+Inputs, under ``--results`` (default benchmark/results), each written by the command in benchmark/README.md:
+    reclaim_sim.json                          reclaim_sim.py --json (memory scenario with page_live_hist, frontier)
+    sla_throughput_quick.json                 sla_throughput.py --quick --json
+    serve_capacity_shared_prefix_quick.json   serve_capacity.py --shared-prefix --quick --json
+Outputs, under ``--out`` (default: the results folder), one line printed per file written:
+    page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
+                             default), one panel per eviction ratio
+    retained_pages.png       resident pages per request by policy and eviction ratio: Naive-Evict, vToken, lower bound
+    capacity_frontier.png    requests that fit vs page budget (the frontier runs), Naive-Evict vs vToken
+    throughput_latency.png   output throughput vs p95 end-to-end latency per mode, points labelled by request rate,
+                             the SLA latency as a vertical line
+    shared_prefix_pages.png  pages held (mean and peak) per sharing degree: Naive-Evict, vToken without and with
+                             copy-on-write
+``--policy`` picks the policy of page_utilization.png (default random). Every number drawn comes from the JSON files.
+A missing input file stops the script with a one-line error (exit 1) before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RECLAIM = "reclaim_sim.json"
+SLA = "sla_throughput_quick.json"
+SHARED = "serve_capacity_shared_prefix_quick.json"
+PRODUCERS = {
+    RECLAIM: "benchmark/reclaim_sim.py --json",
+    SLA: "benchmark/sla_throughput.py --quick --json",
+    SHARED: "benchmark/serve_capacity.py --shared-prefix --quick --json",
+}
+LABEL = {"plain": "plain SGLang", "naive": "Naive-Evict", "vtoken": "vToken",
+         "no-cow": "vToken, no copy-on-write", "cow": "vToken + copy-on-write"}
+COLOR = {"plain": "tab:gray", "naive": "tab:orange", "vtoken": "tab:blue", "no-cow": "tab:cyan", "cow": "tab:blue",
+         "lower_bound": "0.75"}
+DPI = 120
+RATE_LABEL = {"plain": ((6, -3), "left"), "naive": ((0, -12), "center"), "vtoken": ((-4, 6), "right")}  # offset (points), align
+
+
+class InputError(RuntimeError):
+    """An input file is missing or lacks what a figure needs (the message is the one line printed)."""
+
+
+def load(results: Path, name: str) -> dict:
+    path = results / name
+    if not path.is_file():
+        raise InputError(f"plots: missing input {path} (written by: .venv/bin/python {PRODUCERS[name]} {path})")
+    return json.loads(path.read_text())
+
+
+def runs_of(data: dict, **match: object) -> list[dict]:
+    """The records of ``data['runs']`` whose fields equal ``match``."""
+    return [r for r in data["runs"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def ordered(values: Iterable) -> list:
+    """Distinct values in first-seen order (the order the benchmark ran them)."""
+    return list(dict.fromkeys(values))
+
+
+def save(fig: Figure, out: Path, name: str) -> Path:
+    path = out / name
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
+    return path
+
+
+def sim_caption(data: dict) -> str:
+    s = data["setting"]
+    page = data["runs"][0]["page_size"]
+    return (f"reclaim_sim (simulator on the vToken core): {s['requests']} requests x {s['context']} tokens,\n"
+            f"decode {s['decode']}, page {page}, theta {s['theta']}")
+
+
+def page_utilization(data: dict, out: Path, policy: str) -> Path:
+    memory = runs_of(data, scenario="memory", policy=policy)
+    if not memory:
+        raise InputError(f"plots: {RECLAIM} has no memory run for policy {policy!r}")
+    if any("page_live_hist" not in r for r in memory):
+        raise InputError(f"plots: the memory runs in {RECLAIM} have no page_live_hist; re-run .venv/bin/python {PRODUCERS[RECLAIM]}")
+    ratios = ordered(r["evict_ratio"] for r in memory)
+    fig, axes = plt.subplots(1, len(ratios), figsize=(4.6 * len(ratios), 4.0), sharey=True, squeeze=False)
+    for ax, ratio in zip(axes[0], ratios):
+        width = 0.4
+        for k, mode in enumerate(("naive", "vtoken")):
+            (rec,) = runs_of(data, scenario="memory", policy=policy, evict_ratio=ratio, mode=mode)
+            hist = rec["page_live_hist"]
+            pages = sum(hist)
+            util = sum(i * c for i, c in enumerate(hist)) / max(pages * rec["page_size"], 1)
+            xs = [i + (k - 0.5) * width for i in range(len(hist))]
+            ax.bar(xs, hist, width=width, color=COLOR[mode],
+                   label=f"{LABEL[mode]}: {pages} pages, utilization {util:.0%}")
+        ax.set_title(f"evict ratio {ratio:g}")
+        ax.set_xlabel(f"live tokens in the page (of {memory[0]['page_size']})")
+        ax.set_xticks(range(0, memory[0]["page_size"] + 1, 2))
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("allocated pages at the end")
+    fig.suptitle(f"Live tokens per allocated page, policy {policy}\n{sim_caption(data)}", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out, "page_utilization.png")
+
+
+def retained_pages(data: dict, out: Path) -> Path:
+    memory = runs_of(data, scenario="memory")
+    policies = ordered(r["policy"] for r in memory)
+    ratios = ordered(r["evict_ratio"] for r in memory)
+    fig, axes = plt.subplots(1, len(ratios), figsize=(4.8 * len(ratios), 4.2), sharey=True, squeeze=False)
+    series: list[tuple[str, str, Callable[[dict], float]]] = [
+        ("naive", LABEL["naive"], lambda r: r["pages"]),
+        ("vtoken", LABEL["vtoken"], lambda r: r["pages"]),
+        ("lower_bound", "lower bound sum(ceil(live / P))", lambda r: r["lower_bound_pages"]),
+    ]
+    width = 0.27
+    for ax, ratio in zip(axes[0], ratios):
+        for k, (key, label, value) in enumerate(series):
+            mode = "vtoken" if key == "lower_bound" else key
+            xs, ys = [], []
+            for i, policy in enumerate(policies):
+                recs = runs_of(data, scenario="memory", policy=policy, evict_ratio=ratio, mode=mode)
+                if recs:
+                    xs.append(i + (k - 1) * width)
+                    ys.append(value(recs[0]) / recs[0]["requests"])
+            ax.bar(xs, ys, width=width, color=COLOR[key], label=label,
+                   hatch="//" if key == "lower_bound" else None, edgecolor="0.4" if key == "lower_bound" else None)
+        ax.set_title(f"evict ratio {ratio:g}")
+        ax.set_xticks(range(len(policies)), policies, rotation=30)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("resident pages per request at the end")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"Retained pages by policy\n{sim_caption(data)}", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out, "retained_pages.png")
+
+
+def capacity_frontier(data: dict, out: Path) -> Path:
+    frontier = runs_of(data, scenario="frontier")
+    if not frontier:
+        raise InputError(f"plots: {RECLAIM} has no frontier runs")
+    policies = ordered(r["policy"] for r in frontier)
+    fig, axes = plt.subplots(1, len(policies), figsize=(4.8 * len(policies), 4.0), sharey=True, squeeze=False)
+    for ax, policy in zip(axes[0], policies):
+        ratio = None
+        for mode in ("naive", "vtoken"):
+            recs = sorted(runs_of(data, scenario="frontier", policy=policy, mode=mode), key=lambda r: r["page_budget"])
+            xs = [r["page_budget"] for r in recs]
+            ys = [r["capacity"] for r in recs]
+            ratio = recs[0]["evict_ratio"]
+            ax.plot(xs, ys, marker="o", color=COLOR[mode], label=LABEL[mode])
+            for x, y in zip(xs, ys):
+                ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(-4, 6), ha="right", fontsize=8)
+            if mode == "naive":
+                ideal = [y / (1 - ratio) for y in ys]
+                ax.plot(xs, ideal, linestyle=":", color=COLOR["vtoken"], label=f"ideal: Naive-Evict x 1/(1-{ratio:g})")
+        ax.set_title(f"{policy}, evict ratio {ratio:g}")
+        ax.set_xlabel("page budget (pages)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0][0].set_ylabel("concurrent requests that run to the end")
+    axes[0][0].set_ylim(bottom=0)  # shared: after every panel is drawn
+    fig.suptitle(f"Capacity frontier (chunked prefill {data['setting']['chunk']}, then decode)\n{sim_caption(data)}", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out, "capacity_frontier.png")
+
+
+def throughput_latency(data: dict, out: Path) -> Path:
+    runs = data["runs"]
+    policies = ordered(r["policy"] for r in runs if r["mode"] != "plain")
+    styles = ["-", "--", "-.", ":"]
+    fig, ax = plt.subplots(figsize=(7.2, 5.6), layout="constrained")
+    for r in runs:
+        style = styles[policies.index(r["policy"]) % len(styles)] if r["policy"] in policies else "-"
+        name = LABEL.get(r["mode"], r["mode"]) + ("" if r["mode"] == "plain" else f" ({r['policy']})")
+        xs = [p["p95_latency_s"] for p in r["points"]]
+        ys = [p["output_throughput"] for p in r["points"]]
+        ax.plot(xs, ys, marker="o", linestyle=style, color=COLOR.get(r["mode"]),
+                label=f"{name}: SLA throughput {r['sla_throughput']:.0f} tok/s")
+        offset, align = RATE_LABEL.get(r["mode"], ((4, 5), "left"))
+        for p in r["points"]:
+            ax.annotate(f"r={p['rate']:g}", (p["p95_latency_s"], p["output_throughput"]), textcoords="offset points",
+                        xytext=offset, ha=align, fontsize=7, color=COLOR.get(r["mode"]))
+    slas = []
+    for policy in policies:
+        naive = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
+        slas.append(naive["sla_latency_s"])
+        ax.axvline(naive["sla_latency_s"], color="tab:red", linestyle=styles[policies.index(policy) % len(styles)], linewidth=1,
+                   label=f"SLA ({policy}): p95 <= {naive['sla_latency_s']:.2f} s "
+                         f"(1.05 x Naive-Evict at rate {naive['saturation_rate']:g})")
+    right = 1.06 * max(slas + [p["p95_latency_s"] for r in runs for p in r["points"]])
+    if slas:
+        ax.axvspan(min(slas), right, color="tab:red", alpha=0.06)
+    ax.set_xlim(right=right)
+    first = runs[0]
+    ax.set_xlabel("p95 end-to-end latency (s)")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title(f"Throughput vs latency, real SGLang servers (CPU, tiny model)\n{first['requests']} requests per rate x "
+                 f"({first['input_len']} in, {first['output_len']} out), --max-total-tokens {first['max_total_tokens']}; "
+                 "r = request rate (req/s)", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+    return save(fig, out, "throughput_latency.png")
+
+
+def shared_prefix_pages(data: dict, out: Path) -> Path:
+    runs = data["runs"]
+    modes = ordered(r["mode"] for r in runs)
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
+    for ax, field, title in ((axes[0], "mean_held_pages", "mean over the load's steps"),
+                             (axes[1], "peak_held_pages", "peak")):
+        for mode in modes:
+            recs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["degree"])
+            ax.plot([r["degree"] for r in recs], [r[field] for r in recs], marker="o", color=COLOR.get(mode),
+                    linestyle="--" if mode == "no-cow" else "-", label=LABEL.get(mode, mode))
+        ax.set_xscale("log", base=2)
+        degrees = ordered(r["degree"] for r in runs)
+        ax.set_xticks(degrees, [str(d) for d in degrees])
+        ax.set_xlabel("sharing degree (requests per system prompt)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("KV pages held")
+    axes[0].set_ylim(bottom=0)  # shared: after both panels are drawn
+    axes[0].legend(fontsize=8)
+    r = runs[0]
+    fig.suptitle(f"Shared-prefix pages held, real SGLang servers (CPU, tiny model)\n{r['requests']} requests, system prompt "
+                 f"{r['system_len']} + question {r['question_len']} ids, {r['output_len']} out, {r['policy']} "
+                 f"budget ratio {r['budget_ratio']:g}", fontsize=9)
+    fig.tight_layout()
+    return save(fig, out, "shared_prefix_pages.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder with the benchmark JSON files")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the PNG files (default: --results)")
+    ap.add_argument("--policy", default="random", help="policy drawn in page_utilization.png")
+    args = ap.parse_args(argv)
+    out = args.out or args.results
+    try:
+        reclaim, sla, shared = (load(args.results, name) for name in (RECLAIM, SLA, SHARED))
+        out.mkdir(parents=True, exist_ok=True)
+        page_utilization(reclaim, out, args.policy)
+        retained_pages(reclaim, out)
+        capacity_frontier(reclaim, out)
+        throughput_latency(sla, out)
+        shared_prefix_pages(shared, out)
+    except InputError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
