@@ -6,7 +6,8 @@ It connects a DEALER socket to the scheduler's endpoint, sends ``hello`` (a head
 knows it is up, then plans every snapshot it receives with the same pure planner as the inline path
 (``core.planner.plan_reclaim``). A malformed message is logged and dropped. It exits when its parent process is
 gone (checked every ``--parent-check-s``; it then deletes the parent's IPC socket file, which a killed scheduler
-leaves behind) or on SIGTERM, so a server shutdown leaves no worker and no socket file behind.
+leaves behind) or on SIGTERM, so a server shutdown leaves no worker and no socket file behind. It runs with one
+torch thread and a lower CPU priority (``--nice``, default 10): the scheduler's loop comes first.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import sys
 import time
 
+import torch
 import zmq
 
 from vtoken_sglang.core.planner import plan_reclaim
@@ -39,6 +41,15 @@ def remove_ipc_file(endpoint: str) -> None:
             os.unlink(endpoint.removeprefix("ipc://"))
         except FileNotFoundError:
             pass
+
+
+def background(nice: int) -> None:
+    """Planning is background work: the scheduler's loop must keep its core. One torch thread (a plan is a few
+    vector ops over the page arrays; torch would otherwise spin a thread per core), and a lower CPU priority, so on
+    a machine with few cores the worker waits for the scheduler rather than the other way round."""
+    torch.set_num_threads(1)
+    if nice:
+        os.nice(nice)
 
 
 def serve(endpoint: str, parent_pid: int, parent_check_s: float = 1.0) -> int:
@@ -81,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoint", required=True)
     ap.add_argument("--parent-pid", type=int, required=True)
     ap.add_argument("--parent-check-s", type=float, default=1.0)
+    ap.add_argument("--nice", type=int, default=10, help="added to the worker's niceness (planning is background work)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    background(args.nice)
     return serve(args.endpoint, args.parent_pid, args.parent_check_s)
 
 
