@@ -11,7 +11,9 @@ limits the batch, so every mode runs the same batches):
 - ``worker``: the same, planned by the compaction worker process (``--vtoken-planner worker``).
 
 Load: N requests sent at once (INPUT random token ids, OUTPUT greedy tokens, ignore_eos), once to warm up, then
-``--repeats`` times measured. Figures (over the measured repeats):
+``--repeats`` times measured. All servers are up together and the measured loads are interleaved (each repeat
+runs every mode once, in a rotated order), so the drift of a shared machine falls on every mode alike. Figures
+(over the measured repeats):
 - ``out_tok/s``: median output throughput (tokens / wall); ``spread``: (max - min) / median of the repeats, the
   resolution of the comparison on this machine;
 - ``step_ms``: median scheduler time per decode step (SGLang's decode log line, every 40 steps: #running-req /
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import statistics
 import sys
 import time
@@ -69,17 +72,32 @@ def vtoken_counters(server: SglangServer) -> dict[str, float]:
     return {k: float(state.get(k, 0.0)) for k in COUNTERS}
 
 
-def run_mode(model: str, mode: str, args) -> dict:
-    # SGLang's default log interval (40): vToken writes its own line beside each decode line, which at interval 1
-    # would add a metrics pass to every step that a default server does not make
-    flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "40"] + MODES[mode]
+def run_modes(model: str, modes: list[str], args) -> list[dict]:
+    """Every mode's server up at once (idle ones sleep), then the measured loads interleaved: repeat ``r`` runs
+    one load per mode, in an order rotated by ``r``, so a machine that drifts (other processes on shared cores)
+    moves every mode alike instead of whichever server happened to run in a slow minute."""
     batch = random_prompts(args.requests, args.input_len)
-    print(f"[overhead] {mode}: starting a server ...", file=sys.stderr, flush=True)
-    with SglangServer(model, flags) as server:
-        _, ids = one_load(server, batch, args.output_len)  # warm-up (and the outputs compared across modes)
-        before, log_start = vtoken_counters(server), len(server.log_text())
-        tputs = [one_load(server, batch, args.output_len)[0] for _ in range(args.repeats)]
-        after, log = vtoken_counters(server), server.log_text()[log_start:]
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for mode in modes:
+            # SGLang's default log interval (40): vToken writes its own line beside each decode line, which at
+            # interval 1 would add a metrics pass to every step that a default server does not make
+            flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "40"] + MODES[mode]
+            print(f"[overhead] {mode}: starting a server ...", file=sys.stderr, flush=True)
+            servers[mode] = stack.enter_context(SglangServer(model, flags))
+        ids = {mode: one_load(servers[mode], batch, args.output_len)[1] for mode in modes}  # warm-up; outputs compared
+        before = {mode: vtoken_counters(servers[mode]) for mode in modes}
+        log_start = {mode: len(servers[mode].log_text()) for mode in modes}
+        tputs: dict[str, list[float]] = {mode: [] for mode in modes}
+        for r in range(args.repeats):
+            for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+                tputs[mode].append(one_load(servers[mode], batch, args.output_len)[0])
+        after = {mode: vtoken_counters(servers[mode]) for mode in modes}
+        logs = {mode: servers[mode].log_text()[log_start[mode]:] for mode in modes}
+    return [summarize(mode, args, tputs[mode], before[mode], after[mode], logs[mode], ids[mode]) for mode in modes]
+
+
+def summarize(mode: str, args, tputs: list[float], before: dict, after: dict, log: str, ids: list) -> dict:
     delta = {k: after[k] - before[k] for k in COUNTERS}
     steps_log = decode_step_ms(log)
     steps = delta["decode_steps"]
@@ -112,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.input_len, args.output_len, args.repeats = 16, 64, 256, 3
     model = str(build())
     t0 = time.monotonic()
-    runs = [run_mode(model, mode, args) for mode in args.modes]
+    runs = run_modes(model, args.modes, args)
     by = {r["mode"]: r for r in runs}
     print(f"overhead: {args.requests} requests x ({args.input_len} in, {args.output_len} out), {args.repeats} measured "
           f"repeats after a warm-up, page 16, --max-total-tokens {args.max_total_tokens}")
