@@ -1,6 +1,7 @@
 """vToken inside real SGLang (CPU, tiny model, page 16, radix cache on): Naive-Evict and vToken evict the same
 victims and give identical greedy tokens, with SGLang's overlap scheduler on and off, vToken holds fewer pages,
-nothing leaks (SGLang's strict idle memory check is on), aborts and retraction too. (bench_serving, the frontend programs and Prometheus: test_cow.py.)"""
+nothing leaks (SGLang's strict idle memory check is on), aborts and retraction too. (bench_serving, the frontend
+programs and Prometheus: test_cow.py.)"""
 
 import concurrent.futures
 import json
