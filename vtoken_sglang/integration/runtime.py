@@ -230,8 +230,10 @@ class VTokenRuntime:
             self.pool.free(self.table.evict(vr, vc))
             self.tokens_evicted += int(vr.numel())
         if self.cow is not None and self.rounds % COW_EVERY == 0:
-            going = [r for r in batch.reqs if id(r) in ending]  # still lock their paths until their results land
-            self.cow.step([r for r in batch.reqs if id(r) not in ending] if going else batch.reqs, [*lock_holders, *going])
+            # requests ending now are no candidates, but lock their paths until their results land
+            staying = [r for r in batch.reqs if id(r) not in ending]
+            going = [r for r in batch.reqs if id(r) in ending]
+            self.cow.step(staying, [*lock_holders, *going])
         if self.worker_link is None:
             for plan in self.reclaimer.step():
                 self._fold(plan.src_pages, plan.src_live.to(torch.int64), "plans")

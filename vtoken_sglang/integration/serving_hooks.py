@@ -171,12 +171,11 @@ def get_next_batch_to_run(scheduler, running_batch=None, last_batch=None, *args,
     the batch's rows and lengths, and the tree locks, none of which a pending result changes."""
     if RUNTIME is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
-    queued = getattr(scheduler, "result_queue", None) if getattr(scheduler, "enable_overlap", False) else None
+    ending = set()
+    queued = RUNTIME.pending_results() if RUNTIME.policy is not None else ()  # policy none: nothing to leave alone
     if queued:
         pending = {id(r) for b, _ in queued for r in b.reqs}
         ending = {id(r) for r in last_batch.reqs if id(r) in pending and r.next_output_finishes_by_length()}
-    else:
-        ending = set()
     RUNTIME.evict(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [], ending)
     return None
 
