@@ -6,8 +6,9 @@ import torch
 from core_helpers import MiniEngine, stamp
 from vtoken_sglang.core.copy_engine import CpuCopyEngine, make_copy_engine
 from vtoken_sglang.core.integrity import IntegrityError, check_integrity
-from vtoken_sglang.core.pages import TREE, OutOfPages, PagePool
+from vtoken_sglang.core.pages import FREE, TREE, OutOfPages, PagePool
 from vtoken_sglang.core.planner import Snapshot, pack_moves, plan_reclaim
+from vtoken_sglang.core.segments import repeat_rows, segment_ids
 
 
 def sparse_engine(reserve=4, theta=0.0):
@@ -263,3 +264,43 @@ def test_planner_matches_brute_force(data, P, n, B):
     rows, n_dst, pages = reference_plan(live, owner, blocked, P, B)
     assert plan.rows.tolist() == rows and plan.n_dst.tolist() == n_dst and sorted(plan.src_pages.tolist()) == pages
     assert plan.pages_taken <= B and (plan.is_empty() or plan.pages_freed > plan.pages_taken)
+
+
+def test_segment_ids_equal_repeat_interleave():
+    g = torch.Generator().manual_seed(0)
+    for n in (0, 1, 2, 7, 40):
+        for _ in range(30):
+            counts = torch.randint(0, 4, (n,), generator=g)  # zeros included, leading and trailing too
+            assert torch.equal(segment_ids(counts), torch.repeat_interleave(torch.arange(n), counts))
+            values = torch.randint(0, 1000, (n,), generator=g)
+            assert torch.equal(repeat_rows(values, counts, int(counts.sum())), torch.repeat_interleave(values, counts))
+
+
+def test_decode_sync_equals_the_general_sync():
+    """``sync_decode_tokens(rows)`` leaves the table and pool exactly as ``sync_new_tokens(rows, ones,
+    claim_pages=True)``: slots written by the engine, one of them on a page the pool does not track yet."""
+    engines = []
+    for method in ("general", "decode"):
+        eng = MiniEngine(num_pages=64, page_size=4, rows=4, state_names=("h2o_acc",))
+        t, rows = eng.table, torch.tensor([0, 1, 3])
+        t.open_rows(rows)
+        eng.write(rows, torch.tensor([5, 8, 2]))
+        eng.evict(torch.tensor([0, 3]), torch.tensor([1, 0]))
+        t.state["h2o_acc"].fill_(7)  # state left in the new entries' cells must be reset
+        last = t.slots[rows, t.live_len[rows] - 1].to(torch.int64)
+        fresh = int(eng.pool.alloc(1, FREE)[0])  # the engine's own new page (row 1's pages are full)
+        new = torch.where((last + 1) % 4 == 0, torch.tensor(fresh * 4), last + 1)
+        assert int(((last + 1) % 4 == 0).sum()) == 1
+        t.slots[rows, t.live_len[rows]] = new.to(t.slots.dtype)  # the engine writes the row store itself
+        if method == "general":
+            t.sync_new_tokens(rows, torch.ones_like(rows), claim_pages=True)
+        else:
+            t.sync_decode_tokens(rows)
+        engines.append((eng, fresh))
+    (a, fresh), (b, _) = engines
+    for name in ("slots", "logical", "live_len", "logical_len"):
+        assert torch.equal(getattr(a.table, name), getattr(b.table, name)), name
+    assert torch.equal(a.table.state["h2o_acc"], b.table.state["h2o_acc"])
+    assert torch.equal(a.pool.live, b.pool.live) and torch.equal(a.pool.owner, b.pool.owner)
+    assert int(b.pool.owner[fresh]) == 1 and int(b.pool.live[fresh]) == 1
+    assert b.table.live_len.tolist() == [5, 9, 0, 2]

@@ -83,7 +83,8 @@ class PagePool:
         if pages.numel() == 0:
             return pages
         self.live.index_add_(0, pages, torch.full_like(pages, delta, dtype=torch.int32))
-        assert bool((self.live[pages] >= 0).all()) and bool((self.live[pages] <= self.page_size).all())
+        counts = self.live[pages]
+        assert bool(((counts >= 0) & (counts <= self.page_size)).all()), "a page's live count left [0, page_size]"
         if delta >= 0:
             return pages.new_empty(0)
         touched = torch.unique(pages)
@@ -103,4 +104,5 @@ class PagePool:
         n = int(mask.sum())
         if n == 0:
             return 0.0
-        return 1.0 - float(self.live[mask].sum()) / (n * self.page_size)
+        # torch.where, not live[mask]: boolean indexing opens a parallel region (slow on shared cores)
+        return 1.0 - int(torch.where(mask, self.live, 0).sum()) / (n * self.page_size)

@@ -20,6 +20,7 @@ import torch
 from vtoken_sglang.core.copy_engine import CopyEngine, Fence
 from vtoken_sglang.core.pages import PagePool
 from vtoken_sglang.core.planner import Plan, Snapshot, pack_moves, plan_reclaim
+from vtoken_sglang.core.segments import repeat_rows
 from vtoken_sglang.core.token_table import TokenTable
 
 
@@ -138,7 +139,7 @@ class Reclaimer:
                 self.stats.plans_rejected += 1
             return False
         pool = self.pool
-        dst_pages = pool.alloc(plan.pages_taken, torch.repeat_interleave(plan.rows, plan.n_dst), for_relocation=True)
+        dst_pages = pool.alloc(plan.pages_taken, repeat_rows(plan.rows, plan.n_dst, plan.pages_taken), for_relocation=True)
         pool.in_flight[plan.src_pages] = True
         pool.in_flight[dst_pages] = True
         moves = pack_moves(self.table.slots, self.table.live_len, plan, dst_pages, pool.page_size)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from vtoken_sglang.core.pages import TREE, PagePool
+from vtoken_sglang.core.segments import repeat_rows, segment_ids
 
 
 class TokenTable:
@@ -86,10 +87,11 @@ class TokenTable:
         room = torch.where(tail_page_is_own, P - 1 - last % P, torch.zeros_like(last))
         in_tail = torch.minimum(room, counts)
         new_pages = (counts - in_tail + P - 1) // P
-        fresh = self.pages.alloc(int(new_pages.sum()), torch.repeat_interleave(rows.to(torch.int64), new_pages), for_relocation)
+        fresh = self.pages.alloc(int(new_pages.sum()), repeat_rows(rows.to(torch.int64), new_pages), for_relocation)
         # The k-th new token of a request: tail slot last+1+k while k < in_tail, then its fresh pages in order.
-        req = torch.repeat_interleave(torch.arange(len(rows), device=rows.device), counts)
-        k = torch.arange(int(counts.sum()), device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
+        total = int(counts.sum())
+        req = segment_ids(counts, total)
+        k = torch.arange(total, device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
         out = last[req] + 1 + k
         beyond = k - in_tail[req]
         spill = beyond >= 0
@@ -114,15 +116,33 @@ class TokenTable:
         total = int(counts.sum())
         if total == 0:
             return
-        req = torch.repeat_interleave(torch.arange(len(rows), device=rows.device), counts)
+        req = segment_ids(counts, total)
         k = torch.arange(total, device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
         r = rows.to(torch.int64)[req]
         col = self.live_len[r] + k
         assert int(col.max()) < self.max_context, "row overflow"
         if slots is not None:
             self.slots[r, col] = slots.to(self.slots.dtype)
+        self._register(r, col, self.logical_len[r] + k, claim_pages)
+        self.live_len.index_add_(0, rows.to(torch.int64), counts)
+        self.logical_len.index_add_(0, rows.to(torch.int64), counts)
+
+    def sync_decode_tokens(self, rows: torch.Tensor) -> None:
+        """One new token per request, already in the row store, its page claimed if untracked: what
+        ``sync_new_tokens(rows, ones, claim_pages=True)`` does, in about half the tensor ops (it runs every decode
+        step). ``rows`` are distinct (a batch holds a request once)."""
+        r = rows.to(torch.int64)
+        col = self.live_len[r]
+        assert int(col.max()) < self.max_context, "row overflow"
+        self._register(r, col, self.logical_len[r], claim_pages=True)
+        self.live_len[r] += 1
+        self.logical_len[r] += 1
+
+    def _register(self, r: torch.Tensor, col: torch.Tensor, logical: torch.Tensor, claim_pages: bool) -> None:
+        """Entries ``(r[j], col[j])`` (already holding their slots) become live tokens with logical ids ``logical``;
+        per-token policy state starts at 0; their pages gain a live token each."""
         new_slots = self.slots[r, col].to(torch.int64)
-        self.logical[r, col] = (self.logical_len[r] + k).to(torch.int32)
+        self.logical[r, col] = logical.to(torch.int32)
         for t in self.state.values():
             t[r, col] = 0
         if claim_pages:
@@ -130,8 +150,6 @@ class TokenTable:
             untracked = self.pages.owner[pages] == -1
             self.pages.owner[pages[untracked]] = r[untracked].to(torch.int32)
         self.pages.add_live(new_slots, +1)
-        self.live_len.index_add_(0, rows.to(torch.int64), counts)
-        self.logical_len.index_add_(0, rows.to(torch.int64), counts)
 
     # ------------------------------------------------------------------ eviction
 

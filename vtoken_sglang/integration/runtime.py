@@ -188,7 +188,7 @@ class VTokenRuntime:
         managed = self.table.active[rows]
         if bool(managed.any()):
             rows = rows[managed]
-            self.table.sync_new_tokens(rows, torch.ones_like(rows), claim_pages=True)
+            self.table.sync_decode_tokens(rows)
 
     def evict(self, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
         """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch.

@@ -30,22 +30,36 @@ class ProtocolError(ValueError):
     """A message that is not a valid message of this protocol version; ``str(err)`` is one line."""
 
 
-def _frames(kind: str, scalars: dict, arrays: list[tuple[str, np.ndarray]]) -> list[bytes]:
+def _wire(a: np.ndarray) -> memoryview:
+    """The array's bytes as they go on the wire (little-endian, C order): a view of ``a`` itself when it already is
+    that (the common case: no copy), else of one converted copy."""
+    return memoryview(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))).cast("B")
+
+
+def _frames(kind: str, scalars: dict, arrays: list[tuple[str, np.ndarray]], views: bool) -> list[bytes | memoryview]:
     header = {"v": VERSION, "type": kind, **scalars,
               "arrays": [[name, str(a.dtype), int(a.size)] for name, a in arrays]}
-    return [json.dumps(header).encode()] + [np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes() for _, a in arrays]
+    body = [_wire(a) for _, a in arrays]
+    return [json.dumps(header).encode()] + (body if views else [bytes(b) for b in body])
 
 
-def encode_snapshot(snap: Snapshot) -> list[bytes]:
-    arrays = [(n, t.detach().cpu().numpy().astype(d)) for (n, d), t in zip(SNAPSHOT_ARRAYS, (snap.live, snap.owner, snap.blocked))]
+def _numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(dtype, copy=False)  # a view of a CPU tensor of that dtype
+
+
+def encode_snapshot(snap: Snapshot) -> list[bytes | memoryview]:
+    """The snapshot's frames. The array frames are views of the snapshot's (CPU) tensors, not copies: send them
+    before those tensors change (ZMQ copies a frame into its message when it is sent)."""
+    arrays = [(n, _numpy(t, d)) for (n, d), t in zip(SNAPSHOT_ARRAYS, (snap.live, snap.owner, snap.blocked))]
     return _frames("snapshot", {"epoch": snap.epoch, "page_size": snap.page_size,
-                                "free_for_relocation": snap.free_for_relocation}, arrays)
+                                "free_for_relocation": snap.free_for_relocation}, arrays, views=True)
 
 
 def encode_plan(plan: Plan) -> list[bytes]:
+    """The plan's frames, as ``bytes`` (picklable: TP ranks receive plans through a broadcast of these)."""
     tensors = (plan.rows, plan.n_dst, plan.src_pages, plan.src_row, plan.src_live)
-    arrays = [(n, t.detach().cpu().numpy().astype(d)) for (n, d), t in zip(PLAN_ARRAYS, tensors)]
-    return _frames("plan", {"epoch": plan.epoch}, arrays)
+    arrays = [(n, _numpy(t, d)) for (n, d), t in zip(PLAN_ARRAYS, tensors)]
+    return _frames("plan", {"epoch": plan.epoch}, arrays, views=False)
 
 
 def _int(header: dict, key: str, lo: int = 0) -> int:
@@ -55,7 +69,7 @@ def _int(header: dict, key: str, lo: int = 0) -> int:
     return value
 
 
-def decode(frames: list[bytes]) -> tuple[str, dict, dict[str, np.ndarray]]:
+def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str, np.ndarray]]:
     """``(type, header, arrays)`` of a well-formed message; raises ``ProtocolError`` otherwise."""
     if not frames:
         raise ProtocolError("empty message")
