@@ -86,10 +86,10 @@ class WorkerLink:
 
     def after_step(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
-        if self.client is not None and self.client.can_submit():
-            rc = self.reclaimer
-            pressure = rc.pool.num_free() <= rc.low_watermark
-            if self.steps - self.last_submit >= (self.every if pressure else self.interval) and rc.needs_reclaim():
+        since, rc = self.steps - self.last_submit, self.reclaimer
+        if self.client is not None and since >= self.every and self.client.can_submit():
+            pressure = since < self.interval and rc.pool.num_free() <= rc.low_watermark
+            if (since >= self.interval or pressure) and rc.needs_reclaim():
                 # the pool's own tensors, not copies: the message is built and sent (copied) at once
                 if self.client.submit(rc.snapshot(copy=False)):
                     self.last_submit = self.steps

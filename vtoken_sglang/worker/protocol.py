@@ -96,7 +96,7 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         dt = np.dtype(dtype).newbyteorder("<")
         if not isinstance(n, int) or n < 0 or len(raw) != n * dt.itemsize:
             raise ProtocolError(f"{kind}: array {name} has {len(raw)} bytes, expected {n} x {dt.itemsize}")
-        arrays[name] = np.frombuffer(raw, dtype=dt).astype(dtype)
+        arrays[name] = np.frombuffer(raw, dtype=dt).astype(dtype, copy=True)  # owned, writable: to_plan and to_snapshot share it
     if kind == "hello":
         _int(header, "pid", 1)
         return kind, header, arrays
@@ -114,12 +114,14 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
     return kind, header, arrays
 
 
+# ``decode``'s arrays are fresh copies of the frames (``astype``): the tensors below share them, nothing else does.
+
 def to_snapshot(header: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
-    return Snapshot(header["epoch"], header["page_size"], torch.from_numpy(arrays["live"].copy()),
-                    torch.from_numpy(arrays["owner"].copy()), torch.from_numpy(arrays["blocked"].copy()),
+    return Snapshot(header["epoch"], header["page_size"], torch.from_numpy(arrays["live"]),
+                    torch.from_numpy(arrays["owner"]), torch.from_numpy(arrays["blocked"]),
                     header["free_for_relocation"])
 
 
 def to_plan(header: dict, arrays: dict[str, np.ndarray], device: torch.device | str = "cpu") -> Plan:
-    t = {k: torch.from_numpy(v.copy()).to(device) for k, v in arrays.items()}
+    t = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
     return Plan(header["epoch"], t["rows"], t["n_dst"], t["src_pages"], t["src_row"], t["src_live"])
