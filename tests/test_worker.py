@@ -15,6 +15,7 @@ import zmq
 from core_helpers import MiniEngine
 from vtoken_sglang.core.planner import plan_reclaim
 from vtoken_sglang.worker import protocol
+from vtoken_sglang.integration.worker_link import MAX_BACKOFF, WorkerLink
 from vtoken_sglang.worker.client import WorkerPlanner
 
 
@@ -79,6 +80,46 @@ def test_worker_plans_equal_inline_and_garbage_is_dropped(worker):
     wait_for(lambda: (w.poll(), w.stats.messages_ignored >= 3)[1])
     rogue.close(0)
     assert w.ready and w.stats.worker_restarts == 0
+
+
+def test_snapshot_interval_backs_off_while_plans_are_empty():
+    """``WorkerLink`` over a real worker: while its plans come back empty (the trigger holds, nothing can be
+    freed) the snapshot interval doubles up to ``MAX_BACKOFF * every``; the first plan that moves something brings
+    it back to ``every``, and that plan is applied."""
+    eng = MiniEngine(num_pages=128, page_size=4, rows=8, reserve=4)
+    eng.table.open_rows(torch.arange(6))
+    eng.write(torch.arange(6), torch.full((6,), 40))  # full pages only: every plan is empty
+    eng.reclaimer.theta = -1.0  # yet the trigger holds
+    link = WorkerLink(eng.reclaimer, 8, every=4)
+    eng.reclaimer.max_plan_lag = 2 * link.every  # as the scheduler sets it
+    intervals = []
+
+    def step():
+        eng.reclaimer.step(link.next_plan)
+        link.after_step()
+        if link.client.in_flight is not None:  # the worker's answer arrives before the next step
+            wait_for(lambda: (link.client.poll_messages(), link.client.in_flight is None)[1], step=0.002)
+        intervals.append(link.interval)
+
+    try:
+        wait_for(lambda: (link.poll(), link.client.ready)[1])
+        for _ in range(160):
+            step()
+        assert sorted(set(intervals)) == [4 * 2**k for k in range(MAX_BACKOFF.bit_length())]
+        assert intervals[-1] == 4 * MAX_BACKOFF and eng.reclaimer.stats.plans_admitted == 0
+        sent = link.client.stats.snapshots_sent
+        assert sent < 160 // 4 // 2  # fewer than half of a fixed cadence's snapshots
+        g = torch.Generator().manual_seed(0)
+        for r in range(6):  # now something to reclaim
+            cols = torch.randperm(39, generator=g)[:20]
+            eng.evict(torch.full_like(cols, r), cols)
+        for _ in range(4 * MAX_BACKOFF + 2):
+            step()
+            if eng.reclaimer.stats.plans_admitted:
+                break
+        assert eng.reclaimer.stats.plans_admitted == 1 and intervals[-1] == 4
+    finally:
+        link.close()
 
 
 def test_protocol_rejects_malformed_messages():

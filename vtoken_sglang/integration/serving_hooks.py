@@ -12,6 +12,7 @@ import os
 import torch
 
 from vtoken_sglang.integration import options
+from vtoken_sglang.integration.hook_timer import TIMER
 from vtoken_sglang.integration.metrics_export import PrometheusExporter, log_line
 from vtoken_sglang.integration.runtime import VTokenRuntime
 
@@ -264,9 +265,10 @@ def report_decode_stats(result, reporter, *args, **kwargs) -> None:
 
 def get_internal_state(result, scheduler, *args, **kwargs):
     """AFTER ``Scheduler.get_internal_state``: vToken's metrics under ``"vtoken"`` (``/get_server_info`` shows
-    them in ``internal_states``)."""
+    them in ``internal_states``), with ``hook_ms`` per hook (not in the log lines: one entry per hook)."""
     if RUNTIME is not None and isinstance(getattr(result, "internal_state", None), dict):
-        result.internal_state["vtoken"] = RUNTIME.metrics()
+        result.internal_state["vtoken"] = {**RUNTIME.metrics(),
+                                           "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()}}
     return result
 
 

@@ -48,6 +48,7 @@ class WorkerLink:
         self.steps = 0  # decode steps seen; the same count on every rank
         self.interval = every  # rank 0: steps between snapshots (grows while the worker's plans come back empty)
         self.last_submit = 0  # rank 0: the step of the last snapshot sent
+        self.restarts_seen = 0  # rank 0: worker restarts as of the last poll
         self.broadcast = broadcast  # TP size > 1: rank 0's object -> every rank's copy
         self.client = WorkerPlanner(reclaimer.pool.num_pages, num_rows, **client_kwargs) if tp_rank == 0 else None
         self.held: Plan | None = None
@@ -60,6 +61,8 @@ class WorkerLink:
         the scheduler is idle). No collective: safe to call from one rank alone."""
         if self.client is not None:
             newest = self.client.poll(self.device)
+            if self.client.stats.worker_restarts != self.restarts_seen:  # a new worker: the base cadence again
+                self.restarts_seen, self.interval = self.client.stats.worker_restarts, self.every
             if newest is not None:
                 self.held = newest
                 self.interval = min(2 * self.interval, MAX_BACKOFF * self.every) if newest.is_empty() else self.every
