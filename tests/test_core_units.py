@@ -8,7 +8,7 @@ from vtoken_sglang.core.copy_engine import CpuCopyEngine, make_copy_engine
 from vtoken_sglang.core.integrity import IntegrityError, check_integrity
 from vtoken_sglang.core.pages import FREE, TREE, OutOfPages, PagePool
 from vtoken_sglang.core.planner import Snapshot, pack_moves, plan_reclaim
-from vtoken_sglang.core.segments import repeat_rows, segment_ids
+from vtoken_sglang.core.segments import repeat_rows, segment_ids, segment_ranks
 
 
 def sparse_engine(reserve=4, theta=0.0):
@@ -272,6 +272,9 @@ def test_segment_ids_equal_repeat_interleave():
         for _ in range(30):
             counts = torch.randint(0, 4, (n,), generator=g)  # zeros included, leading and trailing too
             assert torch.equal(segment_ids(counts), torch.repeat_interleave(torch.arange(n), counts))
+            ids, ranks = segment_ranks(counts)
+            starts = torch.cumsum(counts, 0) - counts
+            assert torch.equal(ids, segment_ids(counts)) and torch.equal(ranks, torch.arange(len(ids)) - starts[ids])
             values = torch.randint(0, 1000, (n,), generator=g)
             assert torch.equal(repeat_rows(values, counts, int(counts.sum())), torch.repeat_interleave(values, counts))
 

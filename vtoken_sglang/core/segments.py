@@ -16,13 +16,23 @@ import torch
 def segment_ids(counts: torch.Tensor, total: int | None = None) -> torch.Tensor:
     """``counts``: non-negative int64 (one per segment). ``total``: ``counts.sum()`` if the caller knows it (saves a
     device sync). Returns int64 of length ``total``; segments of count 0 own no element."""
+    return _segments(counts, total)[0]
+
+
+def segment_ranks(counts: torch.Tensor, total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(segment_ids(counts), rank)``: ``rank[j]`` is element ``j``'s position within its segment."""
+    ids, starts, total = _segments(counts, total)
+    return ids, torch.arange(total, device=ids.device) - starts[ids]
+
+
+def _segments(counts: torch.Tensor, total: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     counts = counts.to(torch.int64)
     if total is None:
         total = int(counts.sum())
     starts = torch.cumsum(counts, 0) - counts  # a segment of count 0 starts where the next one does
     marks = torch.zeros(total + 1, dtype=torch.int64, device=counts.device)
     marks.index_add_(0, starts, torch.ones_like(starts))
-    return torch.cumsum(marks[:total], 0) - 1
+    return torch.cumsum(marks[:total], 0) - 1, starts, total
 
 
 def repeat_rows(values: torch.Tensor, counts: torch.Tensor, total: int | None = None) -> torch.Tensor:
@@ -30,4 +40,4 @@ def repeat_rows(values: torch.Tensor, counts: torch.Tensor, total: int | None = 
     return values[segment_ids(counts, total)]
 
 
-__all__ = ["segment_ids", "repeat_rows"]
+__all__ = ["segment_ids", "segment_ranks", "repeat_rows"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from vtoken_sglang.core.pages import TREE, PagePool
-from vtoken_sglang.core.segments import repeat_rows, segment_ids
+from vtoken_sglang.core.segments import repeat_rows, segment_ranks
 
 
 class TokenTable:
@@ -89,9 +89,7 @@ class TokenTable:
         new_pages = (counts - in_tail + P - 1) // P
         fresh = self.pages.alloc(int(new_pages.sum()), repeat_rows(rows.to(torch.int64), new_pages), for_relocation)
         # The k-th new token of a request: tail slot last+1+k while k < in_tail, then its fresh pages in order.
-        total = int(counts.sum())
-        req = segment_ids(counts, total)
-        k = torch.arange(total, device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
+        req, k = segment_ranks(counts)
         out = last[req] + 1 + k
         beyond = k - in_tail[req]
         spill = beyond >= 0
@@ -116,8 +114,7 @@ class TokenTable:
         total = int(counts.sum())
         if total == 0:
             return
-        req = segment_ids(counts, total)
-        k = torch.arange(total, device=rows.device) - (torch.cumsum(counts, 0) - counts)[req]
+        req, k = segment_ranks(counts, total)
         r = rows.to(torch.int64)[req]
         col = self.live_len[r] + k
         assert int(col.max()) < self.max_context, "row overflow"

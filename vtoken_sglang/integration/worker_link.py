@@ -91,8 +91,8 @@ class WorkerLink:
         t0, c0 = time.perf_counter(), time.thread_time()
         since, rc = self.steps - self.last_submit, self.reclaimer
         if self.client is not None and since >= self.every and self.client.can_submit():
-            pressure = since < self.interval and rc.pool.num_free() <= rc.low_watermark
-            if (since >= self.interval or pressure) and rc.needs_reclaim():
+            # past the backed-off interval, or at the low watermark (the base cadence)
+            if (since >= self.interval or rc.pool.num_free() <= rc.low_watermark) and rc.needs_reclaim():
                 # the pool's own tensors, not copies: the message is built and sent (copied) at once
                 if self.client.submit(rc.snapshot(copy=False)):
                     self.last_submit = self.steps
