@@ -1,5 +1,7 @@
 """Token Table, planner, reclaimer and copy engine, one property at a time."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -120,6 +122,40 @@ class TestPlanner:
         plan = rec.plan()
         assert rec.apply(plan)
         assert not rec.apply(plan) and rec.stats.plans_rejected == 1
+        check_integrity(eng.table, eng.kv, stamp)
+
+    def test_malformed_plans_are_rejected_whole(self):
+        """Plans no planner makes (a worker's, garbled on the way) are rejected before anything moves; each of
+        these would otherwise write past a row's destinations, move a token twice or free a page with live
+        tokens (an assertion in ``apply`` or ``PagePool.free``, or silent corruption under ``python -O``)."""
+        eng = MiniEngine(num_pages=64, page_size=4, rows=4, reserve=4)
+        rows = torch.tensor([0, 1])
+        eng.table.open_rows(rows)
+        eng.write(rows, torch.tensor([32, 32]))
+        for r in (0, 1):
+            cols = torch.arange(0, 30, 2)
+            eng.evict(torch.full_like(cols, r), cols)
+        rec = eng.reclaimer
+        plan = rec.plan()
+        assert plan.rows.tolist() == [0, 1] and int(plan.n_dst.min()) >= 1
+        first = plan.src_row == plan.rows[0]
+        bad = {
+            "a source page twice": dataclasses.replace(plan, src_pages=torch.cat([plan.src_pages, plan.src_pages[:1]]),
+                                                       src_row=torch.cat([plan.src_row, plan.src_row[:1]]),
+                                                       src_live=torch.cat([plan.src_live, plan.src_live[:1]])),
+            "a row twice": dataclasses.replace(plan, rows=plan.rows[[0, 0]], n_dst=plan.n_dst[[0, 0]]),
+            "a source of a row not named": dataclasses.replace(plan, rows=plan.rows[:1], n_dst=plan.n_dst[:1]),
+            "too few destinations": dataclasses.replace(plan, n_dst=plan.n_dst - torch.tensor([1, 0])),
+            "lengths differ": dataclasses.replace(plan, src_live=plan.src_live[:-1]),
+        }
+        assert int(first.sum()) >= 2
+        for name, p in bad.items():
+            assert rec.validate(p) is not None and rec.validate(p).startswith("malformed"), name
+            assert not rec.apply(p), name
+        assert rec.stats.plans_rejected == len(bad) and rec.stats.plans_admitted == 0
+        check_integrity(eng.table, eng.kv, stamp)
+        assert rec.apply(plan)  # the plan itself is fine
+        rec.release_ready(force=True)
         check_integrity(eng.table, eng.kv, stamp)
 
     def test_no_reserve_no_headroom_ordinary_allocation_cannot_take_it(self):

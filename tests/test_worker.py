@@ -2,6 +2,7 @@
 messages are dropped on both sides; kill -9 and a hang are detected, the worker comes back, planning goes on; no
 worker outlives its parent."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import time
 import pytest
 import torch
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core_helpers import MiniEngine
 from vtoken_sglang.core.planner import plan_reclaim
@@ -122,15 +125,64 @@ def test_snapshot_interval_backs_off_while_plans_are_empty():
         link.close()
 
 
+def edit_header(frame: bytes, change) -> bytes:
+    header = json.loads(frame)
+    change(header)
+    return json.dumps(header).encode()
+
+
 def test_protocol_rejects_malformed_messages():
     snap = fragmented_engine().reclaimer.snapshot()
     good = protocol.encode_snapshot(snap)
     assert protocol.decode(good)[0] == "snapshot"
     for frames in ([], [b"[1]"], good[:2], [good[0]] + good[1:3] + [good[3][:-1]],
                    [good[0].replace(b'"v": 1', b'"v": 2')] + good[1:],
-                   [good[0].replace(b'"snapshot"', b'"plan"')] + good[1:]):
+                   [good[0].replace(b'"snapshot"', b'"plan"')] + good[1:],
+                   # headers that once raised other errors (IndexError, TypeError, RecursionError, ValueError)
+                   [edit_header(good[0], lambda h: h["arrays"][0].pop())] + good[1:],
+                   [edit_header(good[0], lambda h: h.update(type=["snapshot"]))] + good[1:],
+                   [b"[" * 100_000 + b"]" * 100_000], [b'{"v": ' + b"1" * 5000 + b"}"]):
         with pytest.raises(protocol.ProtocolError):
             protocol.decode(frames)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 300) | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                    max_leaves=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_protocol_fuzz_raises_only_protocol_errors(data):
+    """Messages mutated in their bytes or in their header's structure (a value replaced, removed or shortened,
+    at the top or inside ``arrays``): ``decode`` returns a message or raises ``ProtocolError``, nothing else
+    (the scheduler and the worker catch only that)."""
+    snap = fragmented_engine().reclaimer.snapshot()
+    frames = [bytes(f) for f in data.draw(st.sampled_from([protocol.encode_snapshot(snap),
+                                                           protocol.encode_plan(plan_reclaim(snap))]))]
+    if data.draw(st.booleans()):  # bytes
+        i = data.draw(st.integers(0, len(frames) - 1))
+        f = bytearray(frames[i])
+        for _ in range(data.draw(st.integers(1, 4))):
+            at, cut = data.draw(st.integers(0, len(f))), data.draw(st.integers(0, 8))
+            f[at:at + cut] = data.draw(st.binary(max_size=8))
+        frames[i] = bytes(f)
+    else:  # the header's structure
+        header = json.loads(frames[0])
+        parent = data.draw(st.sampled_from([header, header["arrays"], *header["arrays"]]))
+        key = data.draw(st.sampled_from(sorted(parent) if isinstance(parent, dict) else range(len(parent))))
+        op = data.draw(st.sampled_from(["replace", "remove", "shorten"]))
+        if op == "replace":
+            parent[key] = data.draw(JSON)
+        elif op == "remove":
+            del parent[key]
+        elif isinstance(parent[key], list) and parent[key]:
+            parent[key].pop()
+        frames[0] = json.dumps(header).encode()
+    try:
+        protocol.decode(frames)
+    except protocol.ProtocolError:
+        pass
 
 
 def test_kill_and_hang_are_survived(worker):

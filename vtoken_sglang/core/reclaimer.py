@@ -3,8 +3,9 @@ release after the grace period.
 
 ``Reclaimer.step()`` once per engine step (the epoch). A plan is applied whole or dropped whole:
 - stale: taken more than ``max_plan_lag`` epochs ago (a worker's plan that arrives late);
-- rejected: it overlaps pages in flight, a source no longer looks as planned (owner, live count, tail), a row
-  ended, or its destinations do not fit now (I4).
+- rejected: it is malformed (no planner makes it: a worker's plan garbled on the way), it overlaps pages in flight,
+  a source no longer looks as planned (owner, live count, tail), a row ended, or its destinations do not fit now
+  (I4).
 Source pages stay ``in_flight`` (and allocated) until ``grace_steps`` epochs have passed and the copy engine's
 fence taken at publish time is done: nothing can still read them (I3); then they are freed.
 """
@@ -111,6 +112,9 @@ class Reclaimer:
         """Why ``plan`` cannot be applied now (``"stale"`` or another reason), or None if it can."""
         if self.epoch - plan.epoch > self.max_plan_lag or plan.epoch > self.epoch:
             return "stale"
+        malformed = self._malformed(plan)
+        if malformed is not None:
+            return malformed
         pool, src = self.pool, plan.src_pages
         if bool(pool.in_flight[src].any()):
             return "overlaps a relocation in flight"
@@ -127,6 +131,28 @@ class Reclaimer:
             return "does not free more pages than it takes"
         if plan.pages_taken > pool.num_free(for_relocation=True):
             return "not enough free pages for the destinations"
+        return None
+
+    def _malformed(self, plan: Plan) -> str | None:
+        """What makes ``plan`` one that no planner makes, or None. Checked before anything is indexed by it: a
+        duplicate row or source page, a source of a row the plan does not name, or fewer destination slots than
+        a row's live tokens in its sources would make ``pack_moves`` write past a row's destinations, or free a
+        page whose live tokens were not moved. (Index bounds are the receiver's check: ``WorkerPlanner``.)"""
+        rows, src_row, P = plan.rows, plan.src_row, self.pool.page_size
+        k, m = rows.numel(), plan.src_pages.numel()
+        if plan.n_dst.numel() != k or src_row.numel() != m or plan.src_live.numel() != m:
+            return "malformed: array lengths differ"
+        if k and (int(plan.n_dst.min()) < 0 or torch.unique(rows).numel() != k):
+            return "malformed: a negative destination count, or a row twice"
+        if m and torch.unique(plan.src_pages).numel() != m:
+            return "malformed: a source page twice"
+        order = torch.argsort(rows)
+        at = torch.searchsorted(rows[order], src_row).clamp_(max=max(k - 1, 0))
+        if m and (k == 0 or not bool((rows[order][at] == src_row).all())):
+            return "malformed: a source page of a row the plan does not name"
+        moving = torch.zeros(k, dtype=torch.int64, device=rows.device).index_add_(0, order[at], plan.src_live.to(torch.int64))
+        if bool((moving > plan.n_dst * P).any()):
+            return "malformed: fewer destination slots than tokens to move"
         return None
 
     def apply(self, plan: Plan) -> bool:

@@ -75,18 +75,19 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         raise ProtocolError("empty message")
     try:
         header = json.loads(bytes(frames[0]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # not JSON, not text, an integer too long, nested too deep
         raise ProtocolError(f"header is not JSON: {err}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
     if header.get("v") != VERSION:
         raise ProtocolError(f"protocol version {header.get('v')!r}, expected {VERSION}")
     kind = header.get("type")
-    spec = {"snapshot": SNAPSHOT_ARRAYS, "plan": PLAN_ARRAYS, "hello": ()}.get(kind)
+    spec = {"snapshot": SNAPSHOT_ARRAYS, "plan": PLAN_ARRAYS, "hello": ()}.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise ProtocolError(f"unknown message type {kind!r}")
     declared = header.get("arrays", [])
-    if not isinstance(declared, list) or [tuple(d[:2]) if isinstance(d, list) else d for d in declared] != [tuple(s) for s in spec]:
+    if not (isinstance(declared, list) and len(declared) == len(spec) and all(
+            isinstance(d, list) and len(d) == 3 and tuple(d[:2]) == s for d, s in zip(declared, spec))):
         raise ProtocolError(f"{kind}: arrays must be {[n for n, _ in spec]} with dtypes {[d for _, d in spec]}")
     if len(frames) != 1 + len(spec):
         raise ProtocolError(f"{kind}: {len(frames) - 1} array frames, expected {len(spec)}")
