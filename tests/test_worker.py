@@ -59,7 +59,7 @@ def worker():
 
 def roundtrip(w: WorkerPlanner, snap):
     wait_for(lambda: w.poll() or w.ready)
-    assert w.submit(snap)
+    wait_for(lambda: w.submit(snap))  # False while the send queue is full (garbage the worker has not read yet)
     return wait_for(lambda: w.poll())
 
 
@@ -72,13 +72,14 @@ def test_worker_plans_equal_inline_and_garbage_is_dropped(worker):
     # garbage to the worker: dropped there, it keeps serving
     w.sock.send_multipart([b"\x00\xffnot json"])
     w.sock.send_multipart([b'{"v": 99, "type": "snapshot"}'])
+    w.sock.send_multipart(protocol.encode_snapshot(snap, 2))  # owners up to 5, past the rows it declares
     assert plan_fields(roundtrip(w, snap)) == plan_fields(inline)
     # garbage and out-of-bounds plans to the scheduler: ignored and counted, never raised
     rogue = w.ctx.socket(zmq.DEALER)
     rogue.connect(w.endpoint)
     bad = plan_reclaim(snap)
     bad = type(bad)(bad.epoch, bad.rows + 100, bad.n_dst, bad.src_pages, bad.src_row, bad.src_live)
-    for frames in ([b"garbage"], [b'{"v": 1, "type": "plan", "epoch": 0, "arrays": []}'], protocol.encode_plan(bad)):
+    for frames in ([b"garbage"], [json.dumps({"v": protocol.VERSION, "type": "plan", "epoch": 0, "arrays": []}).encode()], protocol.encode_plan(bad)):
         rogue.send_multipart(frames)
     wait_for(lambda: (w.poll(), w.stats.messages_ignored >= 3)[1])
     rogue.close(0)
@@ -133,10 +134,12 @@ def edit_header(frame: bytes, change) -> bytes:
 
 def test_protocol_rejects_malformed_messages():
     snap = fragmented_engine().reclaimer.snapshot()
-    good = protocol.encode_snapshot(snap)
+    good = protocol.encode_snapshot(snap, 8)
     assert protocol.decode(good)[0] == "snapshot"
     for frames in ([], [b"[1]"], good[:2], [good[0]] + good[1:3] + [good[3][:-1]],
-                   [good[0].replace(b'"v": 1', b'"v": 2')] + good[1:],
+                   [edit_header(good[0], lambda h: h.update(v=protocol.VERSION - 1))] + good[1:],
+                   [edit_header(good[0], lambda h: h.pop("num_rows"))] + good[1:],
+                   [edit_header(good[0], lambda h: h.update(num_rows=1))] + good[1:],  # owners up to 5
                    [good[0].replace(b'"snapshot"', b'"plan"')] + good[1:],
                    # headers that once raised other errors (IndexError, TypeError, RecursionError, ValueError)
                    [edit_header(good[0], lambda h: h["arrays"][0].pop())] + good[1:],
@@ -158,7 +161,7 @@ def test_protocol_fuzz_raises_only_protocol_errors(data):
     at the top or inside ``arrays``): ``decode`` returns a message or raises ``ProtocolError``, nothing else
     (the scheduler and the worker catch only that)."""
     snap = fragmented_engine().reclaimer.snapshot()
-    frames = [bytes(f) for f in data.draw(st.sampled_from([protocol.encode_snapshot(snap),
+    frames = [bytes(f) for f in data.draw(st.sampled_from([protocol.encode_snapshot(snap, 8),
                                                            protocol.encode_plan(plan_reclaim(snap))]))]
     if data.draw(st.booleans()):  # bytes
         i = data.draw(st.integers(0, len(frames) - 1))

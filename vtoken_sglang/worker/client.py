@@ -121,7 +121,7 @@ class WorkerPlanner:
         if not self.ready or self.in_flight is not None:
             return False
         try:
-            self.sock.send_multipart(protocol.encode_snapshot(snap), flags=zmq.NOBLOCK)
+            self.sock.send_multipart(protocol.encode_snapshot(snap, self.num_rows), flags=zmq.NOBLOCK)
         except zmq.Again:
             return False
         self.in_flight = (snap.epoch, time.monotonic())

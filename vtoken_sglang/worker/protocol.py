@@ -5,8 +5,9 @@ following frames are the raw little-endian bytes of those arrays, in order. ``de
 could get wrong (version, type, JSON, array names, dtypes, lengths, frame count, value ranges that matter) and
 raises ``ProtocolError`` with one line; the receiver logs it and drops the message.
 
-- ``snapshot`` (scheduler -> worker): ``epoch``, ``page_size``, ``free_for_relocation``; arrays ``live`` (int32),
-  ``owner`` (int32), ``blocked`` (bool), one entry per page.
+- ``snapshot`` (scheduler -> worker): ``epoch``, ``page_size``, ``free_for_relocation``, ``num_rows`` (owners are
+  below it: the planner's work and memory grow with the largest owner); arrays ``live`` (int32), ``owner`` (int32,
+  ``>= TREE``), ``blocked`` (bool), one entry per page.
 - ``plan`` (worker -> scheduler): ``epoch`` (of the snapshot it answers); arrays ``rows``, ``n_dst``, ``src_pages``,
   ``src_row`` (int64), ``src_live`` (int32).
 - ``hello`` (worker -> scheduler, once at start): ``pid``; no arrays.
@@ -19,9 +20,10 @@ import json
 import numpy as np
 import torch
 
+from vtoken_sglang.core.pages import TREE
 from vtoken_sglang.core.planner import Plan, Snapshot
 
-VERSION = 1
+VERSION = 2  # 2: snapshots carry num_rows
 SNAPSHOT_ARRAYS = (("live", "int32"), ("owner", "int32"), ("blocked", "bool"))
 PLAN_ARRAYS = (("rows", "int64"), ("n_dst", "int64"), ("src_pages", "int64"), ("src_row", "int64"), ("src_live", "int32"))
 
@@ -47,11 +49,12 @@ def _numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     return t.detach().cpu().numpy().astype(dtype, copy=False)  # a view of a CPU tensor of that dtype
 
 
-def encode_snapshot(snap: Snapshot) -> list[bytes | memoryview]:
-    """The snapshot's frames. The array frames are views of the snapshot's (CPU) tensors, not copies: send them
-    before those tensors change (ZMQ copies a frame into its message when it is sent)."""
+def encode_snapshot(snap: Snapshot, num_rows: int) -> list[bytes | memoryview]:
+    """The snapshot's frames (``num_rows``: the row store's rows; every owner is below it). The array frames are
+    views of the snapshot's (CPU) tensors, not copies: send them before those tensors change (ZMQ copies a frame
+    into its message when it is sent)."""
     arrays = [(n, _numpy(t, d)) for (n, d), t in zip(SNAPSHOT_ARRAYS, (snap.live, snap.owner, snap.blocked))]
-    return _frames("snapshot", {"epoch": snap.epoch, "page_size": snap.page_size,
+    return _frames("snapshot", {"epoch": snap.epoch, "page_size": snap.page_size, "num_rows": num_rows,
                                 "free_for_relocation": snap.free_for_relocation}, arrays, views=True)
 
 
@@ -105,10 +108,13 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
     if kind == "snapshot":
         _int(header, "page_size", 1)
         _int(header, "free_for_relocation")
+        _int(header, "num_rows", 1)
         if not len(arrays["live"]) == len(arrays["owner"]) == len(arrays["blocked"]):
             raise ProtocolError("snapshot: live, owner and blocked differ in length")
         if (arrays["live"] < 0).any() or (arrays["live"] > header["page_size"]).any():
             raise ProtocolError("snapshot: a live count is outside [0, page_size]")
+        if len(arrays["owner"]) and (arrays["owner"].min() < TREE or arrays["owner"].max() >= header["num_rows"]):
+            raise ProtocolError(f"snapshot: an owner is outside [{TREE}, num_rows)")
     else:
         if len(arrays["rows"]) != len(arrays["n_dst"]) or len({len(arrays[k]) for k in ("src_pages", "src_row", "src_live")}) != 1:
             raise ProtocolError("plan: per-request or per-page arrays differ in length")
