@@ -314,6 +314,12 @@ class VTokenRuntime:
 
     # ------------------------------------------------------------------ admission
 
+    @property
+    def admission_capped(self) -> bool:
+        """Whether admission reserves by eviction budget (``future_kv``): evicted tokens really give their memory
+        back, with reclaim on, or (Naive-Evict) with a policy whose victims empty whole pages."""
+        return self.policy is not None and (self.reclaimer.enabled or self.policy.frees_whole_pages)
+
     def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
         """Most KV tokens a request holding ``current_len`` (``protected`` of them in its tree prefix's pages) can
         still add before it ends, given its eviction budget: its view ends at most at
@@ -330,7 +336,7 @@ class VTokenRuntime:
         Only where evicted tokens really give their memory back: with reclaim on, or (Naive-Evict) with a policy
         whose victims empty whole pages. Naive-Evict with scattered victims keeps almost every page, so it
         reserves the full remaining length, as upstream does."""
-        if self.policy is None or not (self.reclaimer.enabled or self.policy.frees_whole_pages):
+        if not self.admission_capped:
             return remaining_new
         final = torch.tensor([logical_now + max(remaining_new, 0)])
         keep = max(int(self.policy.budget(final)[0]), max(self.policy.cfg.recent, 1))

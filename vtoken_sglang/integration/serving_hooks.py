@@ -217,6 +217,25 @@ def update_prefill_budget(original, adder, prefix_len, extend_input_len, max_new
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
 
 
+def add_one_req(original, adder, req, *args, **kwargs):
+    """AROUND ``PrefillAdder.add_one_req``: with the radix cache off, upstream admits an ``ignore_eos`` request
+    through ``add_one_req_ignore_eos``, whose check has every request grow by its whole remaining length and
+    never asks ``_get_running_request_total_token_offset``: a vToken server admitted those loads (bench_serving's
+    default) as if nothing were evicted. Where eviction budgets do give memory back, such a request takes
+    upstream's general path instead, the one it takes with the radix cache on: running requests reserve their
+    capped future KV (``running_request_offset``), the new one its capped budget (``update_prefill_budget``).
+    ``ignore_eos`` is hidden for this call only: on the general path upstream reads the flag of running requests
+    (their offsets), never that of the request being admitted."""
+    sp = req.sampling_params
+    if RUNTIME is None or not sp.ignore_eos or not RUNTIME.admission_capped:
+        return original(adder, req, *args, **kwargs)
+    sp.ignore_eos = False
+    try:
+        return original(adder, req, *args, **kwargs)
+    finally:
+        sp.ignore_eos = True
+
+
 def check_decode_mem(original, batch, *args, **kwargs):
     """AROUND ``ScheduleBatch.check_decode_mem``: before SGLang retracts, reclaim (regardless of theta)."""
     ok = original(batch, *args, **kwargs)
@@ -287,6 +306,7 @@ HOOKS = {
         "AFTER", report_decode_stats),
     "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset": ("AROUND", running_request_offset),
     "sglang.srt.managers.schedule_policy.PrefillAdder._update_prefill_budget": ("AROUND", update_prefill_budget),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("AROUND", add_one_req),
     "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": ("AROUND", check_decode_mem),
 }
 # Only with a score-based policy (a Python call per attention layer per step is not free).
