@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from vtoken_sglang.core.pages import TREE, PagePool
+from vtoken_sglang.core.pages import FREE, TREE, PagePool
 from vtoken_sglang.core.segments import repeat_rows, segment_ranks
 
 
@@ -126,14 +126,26 @@ class TokenTable:
 
     def sync_decode_tokens(self, rows: torch.Tensor) -> None:
         """One new token per request, already in the row store, its page claimed if untracked: what
-        ``sync_new_tokens(rows, ones, claim_pages=True)`` does, in about half the tensor ops (it runs every decode
-        step). ``rows`` are distinct (a batch holds a request once)."""
+        ``sync_new_tokens(rows, ones, claim_pages=True)`` does, in less than half the tensor ops (it runs every
+        decode step: 75 us against 160 us here for 16 requests). ``rows`` are distinct (a batch holds a request
+        once), so no two new tokens share a page, and each lands in a page of its own row: the tail page with
+        room, or a fresh one claimed here. Hence no boolean indexing (a parallel region per call on shared
+        cores) and no filter for tree pages."""
         r = rows.to(torch.int64)
         col = self.live_len[r]
         assert int(col.max()) < self.max_context, "row overflow"
-        self._register(r, col, self.logical_len[r], claim_pages=True)
-        self.live_len[r] += 1
-        self.logical_len[r] += 1
+        self.logical[r, col] = self.logical_len[r].to(torch.int32)
+        for t in self.state.values():
+            t[r, col] = 0
+        pages = self.slots[r, col].to(torch.int64) // self.page_size
+        owner, r32 = self.pages.owner[pages], r.to(torch.int32)
+        owner = torch.where(owner == FREE, r32, owner)
+        assert bool((owner == r32).all()), "a decode token in a page of another owner"
+        self.pages.owner[pages] = owner
+        ones = torch.ones_like(r)
+        self.pages.live.index_add_(0, pages, ones.to(torch.int32))
+        self.live_len.index_add_(0, r, ones)
+        self.logical_len.index_add_(0, r, ones)
 
     def _register(self, r: torch.Tensor, col: torch.Tensor, logical: torch.Tensor, claim_pages: bool) -> None:
         """Entries ``(r[j], col[j])`` (already holding their slots) become live tokens with logical ids ``logical``;

@@ -186,9 +186,9 @@ class VTokenRuntime:
             return
         rows = batch.req_pool_indices.to(torch.int64)
         managed = self.table.active[rows]
-        if bool(managed.any()):
-            rows = rows[managed]
-            self.table.sync_decode_tokens(rows)
+        n = int(managed.sum())
+        if n:  # with eviction on, usually every row: no boolean indexing then
+            self.table.sync_decode_tokens(rows if n == rows.numel() else rows[managed])
 
     def evict(self, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
         """After a decode step: trim requests over budget (plus slack), then reclaim. Updates the batch.
@@ -302,8 +302,10 @@ class VTokenRuntime:
         managed = self.table.active[rows]
         if not bool(managed.any()):
             return
-        live = torch.where(managed, self.table.live_len[rows], batch.seq_lens.to(torch.int64))
-        self.offset[rows[managed]] = (self.table.logical_len[rows] - self.table.live_len[rows])[managed]
+        table_live = self.table.live_len[rows]
+        live = torch.where(managed, table_live, batch.seq_lens.to(torch.int64))
+        # rows are distinct; torch.where, not boolean indexing (a parallel region per call on shared cores)
+        self.offset[rows] = torch.where(managed, self.table.logical_len[rows] - table_live, self.offset[rows])
         batch.seq_lens = live.to(batch.seq_lens.dtype)
         batch.seq_lens_cpu = live.cpu().to(batch.seq_lens_cpu.dtype)
         batch.orig_seq_lens = live.to(batch.orig_seq_lens.dtype)
