@@ -12,10 +12,11 @@ import time
 import pytest
 import torch
 import zmq
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from core_helpers import MiniEngine
+from core_helpers import MiniEngine, stamp
+from vtoken_sglang.core.integrity import check_integrity
 from vtoken_sglang.core.planner import plan_reclaim
 from vtoken_sglang.worker import protocol
 from vtoken_sglang.integration.worker_link import MAX_BACKOFF, WorkerLink
@@ -27,6 +28,7 @@ def fragmented_engine(seed: int = 0) -> MiniEngine:
     eng = MiniEngine(num_pages=128, page_size=4, rows=8, reserve=4)
     g = torch.Generator().manual_seed(seed)
     rows = torch.arange(6)
+    eng.table.open_rows(rows)
     eng.write(rows, torch.full((6,), 40))
     for r in range(6):
         n = int(eng.table.live_len[r])
@@ -149,7 +151,8 @@ def test_protocol_rejects_malformed_messages():
             protocol.decode(frames)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 300) | st.floats(allow_nan=False) | st.text(max_size=8),
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 300) | st.integers() | st.floats(allow_nan=False)
+                    | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
                     max_leaves=6)
 
@@ -159,8 +162,11 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 300) | st.floats
 def test_protocol_fuzz_raises_only_protocol_errors(data):
     """Messages mutated in their bytes or in their header's structure (a value replaced, removed or shortened,
     at the top or inside ``arrays``): ``decode`` returns a message or raises ``ProtocolError``, nothing else
-    (the scheduler and the worker catch only that)."""
-    snap = fragmented_engine().reclaimer.snapshot()
+    (the scheduler and the worker catch only that). And what decodes, its receiver takes without an exception:
+    the worker plans a snapshot; the scheduler bounds-checks a plan, then applies it or rejects it, and the
+    Token Table and pool stay consistent."""
+    eng = fragmented_engine()
+    snap = eng.reclaimer.snapshot()
     frames = [bytes(f) for f in data.draw(st.sampled_from([protocol.encode_snapshot(snap, 8),
                                                            protocol.encode_plan(plan_reclaim(snap))]))]
     if data.draw(st.booleans()):  # bytes
@@ -183,9 +189,20 @@ def test_protocol_fuzz_raises_only_protocol_errors(data):
             parent[key].pop()
         frames[0] = json.dumps(header).encode()
     try:
-        protocol.decode(frames)
+        kind, header, arrays = protocol.decode(frames)
+        if kind == "plan":
+            protocol.check_plan_bounds(arrays, eng.table.num_rows, eng.pool.num_pages)
     except protocol.ProtocolError:
-        pass
+        event("dropped")
+        return
+    if kind == "snapshot":
+        plan_reclaim(protocol.to_snapshot(header, arrays))
+        event("snapshot planned")
+    elif kind == "plan":
+        applied = eng.reclaimer.apply(protocol.to_plan(header, arrays))
+        event(f"plan {'applied' if applied else 'rejected'}")
+        eng.reclaimer.release_ready(force=True)
+        check_integrity(eng.table, eng.kv, stamp)
 
 
 def test_kill_and_hang_are_survived(worker):

@@ -19,7 +19,6 @@ import tempfile
 import time
 import uuid
 
-import numpy as np
 import torch
 import zmq
 
@@ -156,7 +155,7 @@ class WorkerPlanner:
                     continue
                 if kind != "plan":
                     raise protocol.ProtocolError(f"the scheduler expects plans, got {kind}")
-                self._check_bounds(arrays)
+                protocol.check_plan_bounds(arrays, self.num_rows, self.num_pages)
                 plan = protocol.to_plan(header, arrays, "cpu")
             except protocol.ProtocolError as err:
                 self.stats.messages_ignored += 1
@@ -168,16 +167,6 @@ class WorkerPlanner:
             self.backoff = self.backoff0
             self.latest = plan
         self._check_health()
-
-    def _check_bounds(self, arrays: dict[str, np.ndarray]) -> None:
-        """Indices inside the pool and the row store (numpy, before any tensor is made: a plan arrives every few
-        steps, and each torch reduction would cost the scheduler more than the whole check does here)."""
-        for name, hi in (("rows", self.num_rows), ("src_row", self.num_rows), ("src_pages", self.num_pages + 1)):
-            a = arrays[name]
-            if a.size and (a.min() < 0 or a.max() >= hi):
-                raise protocol.ProtocolError(f"plan: {name} outside [0, {hi})")
-        if arrays["n_dst"].size and arrays["n_dst"].min() < 0:
-            raise protocol.ProtocolError("plan: negative destination count")
 
     def close(self) -> None:
         """Stop the worker (SIGTERM, then SIGKILL) and release the socket. Idempotent."""

@@ -65,10 +65,13 @@ def encode_plan(plan: Plan) -> list[bytes]:
     return _frames("plan", {"epoch": plan.epoch}, arrays, views=False)
 
 
-def _int(header: dict, key: str, lo: int = 0) -> int:
+MAX_INT = (1 << 62) - 1  # scalar fields stay int64 wherever they go (numpy arithmetic with a larger one overflows)
+
+
+def _int(header: dict, key: str, lo: int = 0, hi: int = MAX_INT) -> int:
     value = header.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-        raise ProtocolError(f"field {key!r} must be an integer >= {lo}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ProtocolError(f"field {key!r} must be an integer in [{lo}, {hi}], got {value!r}")
     return value
 
 
@@ -106,9 +109,9 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         return kind, header, arrays
     _int(header, "epoch")
     if kind == "snapshot":
-        _int(header, "page_size", 1)
-        _int(header, "free_for_relocation")
-        _int(header, "num_rows", 1)
+        _int(header, "page_size", 1, 1 << 16)
+        _int(header, "free_for_relocation", 0, len(arrays["live"]))
+        _int(header, "num_rows", 1, 1 << 31)
         if not len(arrays["live"]) == len(arrays["owner"]) == len(arrays["blocked"]):
             raise ProtocolError("snapshot: live, owner and blocked differ in length")
         if (arrays["live"] < 0).any() or (arrays["live"] > header["page_size"]).any():
@@ -119,6 +122,18 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         if len(arrays["rows"]) != len(arrays["n_dst"]) or len({len(arrays[k]) for k in ("src_pages", "src_row", "src_live")}) != 1:
             raise ProtocolError("plan: per-request or per-page arrays differ in length")
     return kind, header, arrays
+
+
+def check_plan_bounds(arrays: dict[str, np.ndarray], num_rows: int, num_pages: int) -> None:
+    """A decoded plan's indices inside the row store and the pool (page ids ``0..num_pages``), its destination
+    counts non-negative; ``ProtocolError`` otherwise. In numpy, before any tensor is made: a plan arrives every
+    few steps, and each torch reduction would cost the scheduler more than the whole check does here."""
+    for name, hi in (("rows", num_rows), ("src_row", num_rows), ("src_pages", num_pages + 1)):
+        a = arrays[name]
+        if a.size and (a.min() < 0 or a.max() >= hi):
+            raise ProtocolError(f"plan: {name} outside [0, {hi})")
+    if arrays["n_dst"].size and arrays["n_dst"].min() < 0:
+        raise ProtocolError("plan: negative destination count")
 
 
 # ``decode``'s arrays are fresh copies of the frames (``astype``): the tensors below share them, nothing else does.
