@@ -137,18 +137,18 @@ class Reclaimer:
         """What makes ``plan`` one that no planner makes, or None. Checked before anything is indexed by it: a
         duplicate row or source page, a source of a row the plan does not name, or fewer destination slots than
         a row's live tokens in its sources would make ``pack_moves`` write past a row's destinations, or free a
-        page whose live tokens were not moved. (Index bounds are the receiver's check: ``WorkerPlanner``.)"""
-        rows, src_row, P = plan.rows, plan.src_row, self.pool.page_size
-        k, m = rows.numel(), plan.src_pages.numel()
+        page whose live tokens were not moved. (Index bounds are the receiver's check: the worker client's.)"""
+        src_row, P = plan.src_row, self.pool.page_size
+        k, m = plan.rows.numel(), plan.src_pages.numel()
         if plan.n_dst.numel() != k or src_row.numel() != m or plan.src_live.numel() != m:
             return "malformed: array lengths differ"
-        if k and (int(plan.n_dst.min()) < 0 or torch.unique(rows).numel() != k):
+        rows, order = torch.sort(plan.rows)
+        if k and (int(plan.n_dst.min()) < 0 or bool((rows[1:] == rows[:-1]).any())):
             return "malformed: a negative destination count, or a row twice"
         if m and torch.unique(plan.src_pages).numel() != m:
             return "malformed: a source page twice"
-        order = torch.argsort(rows)
-        at = torch.searchsorted(rows[order], src_row).clamp_(max=max(k - 1, 0))
-        if m and (k == 0 or not bool((rows[order][at] == src_row).all())):
+        at = torch.searchsorted(rows, src_row).clamp_(max=max(k - 1, 0))
+        if m and (k == 0 or not bool((rows[at] == src_row).all())):
             return "malformed: a source page of a row the plan does not name"
         moving = torch.zeros(k, dtype=torch.int64, device=rows.device).index_add_(0, order[at], plan.src_live.to(torch.int64))
         if bool((moving > plan.n_dst * P).any()):

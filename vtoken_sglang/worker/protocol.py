@@ -125,15 +125,14 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
 
 
 def check_plan_bounds(arrays: dict[str, np.ndarray], num_rows: int, num_pages: int) -> None:
-    """A decoded plan's indices inside the row store and the pool (page ids ``0..num_pages``), its destination
-    counts non-negative; ``ProtocolError`` otherwise. In numpy, before any tensor is made: a plan arrives every
-    few steps, and each torch reduction would cost the scheduler more than the whole check does here."""
+    """A decoded plan's indices inside the row store and the pool (page ids ``0..num_pages``); ``ProtocolError``
+    otherwise. In numpy, before any tensor is made: a plan arrives every few steps, and each torch reduction would
+    cost the scheduler more than the whole check does here. The plan's structure (a row or page twice, too few
+    destinations, negative counts) is the reclaimer's check, for plans from anywhere (``Reclaimer.validate``)."""
     for name, hi in (("rows", num_rows), ("src_row", num_rows), ("src_pages", num_pages + 1)):
         a = arrays[name]
         if a.size and (a.min() < 0 or a.max() >= hi):
             raise ProtocolError(f"plan: {name} outside [0, {hi})")
-    if arrays["n_dst"].size and arrays["n_dst"].min() < 0:
-        raise ProtocolError("plan: negative destination count")
 
 
 # ``decode``'s arrays are fresh copies of the frames (``astype``): the tensors below share them, nothing else does.
