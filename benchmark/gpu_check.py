@@ -7,7 +7,7 @@ and ``scoring_cost.py`` beside it. Rows (``check  result  figure  unit/notes``),
 
 - correctness (``ok``/``FAIL``; any FAIL makes the exit status 1):
   ``copy_order``  the copy engine's copy runs after the writer of its sources and before a reader that called
-                  ``publish_after`` (each side delayed in turn with ``torch.cuda._sleep``, so a missing order reads
+                  ``order_before_next_forward`` (each side delayed in turn with ``torch.cuda._sleep``, so a missing order reads
                   stale values);
   ``overlap_order``  with ``producer`` set to a separate forward stream (SGLang's overlap scheduler), a copy runs
                   after that stream's late writer (and, as a control, reads stale values without it);
@@ -133,7 +133,7 @@ def check_copy_order(s: Setup) -> Row:
         ticket = eng.copy(src, dst)
         if slow == "writer":
             issue_ms.append(ticket.seconds * 1e3)
-        eng.publish_after(ticket)
+        eng.order_before_next_forward(ticket)
         got = torch.stack([b[dst_d].sum() for b in bufs]).cpu()  # the next "forward" reads the destinations
         want = value * src.numel() * 8
         if not bool((got == want).all()):
@@ -164,7 +164,7 @@ def check_overlap_order(s: Setup) -> Row:
             s.sleep(20)
             for b in bufs:
                 b[src_d] = value
-        eng.publish_after(eng.copy(src, dst))
+        eng.order_before_next_forward(eng.copy(src, dst))
         seen[ordered] = float(torch.stack([b[dst_d].sum() for b in bufs]).sum().cpu())
         sync(s.device)
     want = 5.0 * src.numel() * 8 * len(bufs)
@@ -176,7 +176,7 @@ def check_overlap_order(s: Setup) -> Row:
 
 def check_fence(s: Setup) -> Row:
     """CPU: every fence is done at once. CUDA: not done while earlier work runs, ``done()`` does not block, done
-    after a sync, and a fence taken after ``publish_after`` is done only once the copy is."""
+    after a sync, and a fence taken after ``order_before_next_forward`` is done only once the copy is."""
     bufs = [torch.zeros(1 << 12, 8, device=s.device) for _ in range(2)]
     eng = make_copy_engine(bufs)
     if s.device != "cuda":
@@ -199,11 +199,11 @@ def check_fence(s: Setup) -> Row:
     with torch.cuda.stream(eng.stream):
         s.sleep(30)
     ticket = eng.copy(torch.arange(0, 1024), torch.arange(2048, 3072))
-    eng.publish_after(ticket)
+    eng.order_before_next_forward(ticket)
     after = eng.fence()
     polls = poll_until(after.done, timeout_s=10)
     if not ticket.event.query():
-        raise AssertionError("fence after publish_after done before the copy")
+        raise AssertionError("fence after order_before_next_forward done before the copy")
     return Row("fence_done", "ok", "3/3", f"pending while 100 ms ran (query {query_ms:.3f} ms); done after sync; "
                f"covers the published copy ({polls} polls)")
 
@@ -352,7 +352,7 @@ def label(n: int) -> str:
 
 
 def time_one_plan(s: Setup, eng: CopyEngine, shape: KVShape, n: int, region: int, g: torch.Generator) -> Row:
-    """Median over repeats of: host issue time of ``copy`` + ``publish_after`` on an idle stream, and device time
+    """Median over repeats of: host issue time of ``copy`` + ``order_before_next_forward`` on an idle stream, and device time
     between CUDA events with the stream held back first (so the host is ahead and the events time the device)."""
     src = (torch.randperm(region - 1, generator=g)[:n] + 1).sort().values
     dst = region + torch.arange(n)
@@ -374,7 +374,7 @@ def time_one_plan(s: Setup, eng: CopyEngine, shape: KVShape, n: int, region: int
 
 
 def issue(eng: CopyEngine, src: torch.Tensor, dst: torch.Tensor) -> None:
-    eng.publish_after(eng.copy(src, dst))
+    eng.order_before_next_forward(eng.copy(src, dst))
 
 
 def device_time(s: Setup, eng: CopyEngine, src: torch.Tensor, dst: torch.Tensor) -> tuple[float, bool]:

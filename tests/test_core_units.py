@@ -174,7 +174,7 @@ class TestCopyEngine:
         assert isinstance(eng, CpuCopyEngine)
         src, dst = torch.tensor([1, 5, 9]), torch.tensor([20, 21, 22])
         t = eng.copy(src, dst)
-        eng.publish_after(t)
+        eng.order_before_next_forward(t)
         assert eng.fence().done()
         for b, r in zip(bufs, ref):
             assert torch.equal(b[dst], r[src]) and torch.equal(b[:20], r[:20])
@@ -197,7 +197,7 @@ class TestCudaCopyEngine:
             torch.cuda._sleep(1_000_000)
             b[src] = 7.0
         t = eng.copy(src, dst)
-        eng.publish_after(t)
+        eng.order_before_next_forward(t)
         fence = eng.fence()
         out = torch.stack([b[dst].sum() for b in bufs])  # the next "forward" reads the destinations
         torch.cuda.synchronize()
@@ -223,7 +223,7 @@ class TestCudaCopyEngine:
                 torch.cuda._sleep(50_000_000)
                 for b in bufs:
                     b[src] = value
-            eng.publish_after(eng.copy(src, dst))
+            eng.order_before_next_forward(eng.copy(src, dst))
             got[ordered] = torch.stack([b[dst].sum() for b in bufs]).cpu()
             torch.cuda.synchronize()
         assert bool((got[True] == 5.0 * 4096 * 8).all())

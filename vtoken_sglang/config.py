@@ -1,4 +1,5 @@
-"""vToken's user-facing options: one table, used by the CLI (``--vtoken-*``), ``sgl.Engine(vtoken_*=...)`` and tests.
+"""vToken's user-facing options, declared once as the fields of ``VTokenConfig``; the CLI flags (``--vtoken-*``),
+``sgl.Engine(vtoken_*=...)`` keywords and the policies' ``PolicyConfig`` are derived from them.
 
 Engine-agnostic: no ``sglang`` import. ``VTokenConfig`` is frozen and always valid (``VTokenConfig.build`` is the
 only constructor that accepts user input); an invalid value or combination raises ``ConfigError`` whose message
@@ -25,17 +26,23 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One user-facing option: field name, CLI help, default, and a parser from the raw (str or typed) value."""
+    """One user-facing option, derived from its ``VTokenConfig`` field: name, default, CLI help, a parser from the
+    raw (str or typed) value, and the policies it belongs to."""
 
     name: str
     default: Any
     help: str
     parse: Callable[[Any], Any]
-    is_switch: bool = False
+    policies: tuple[str, ...]
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def is_switch(self) -> bool:
+        """A flag without a value (``--enable-vtoken``)."""
+        return self.name == "enable_vtoken"
 
 
 def _parse_int(lo: int) -> Callable[[Any], int]:
@@ -114,48 +121,35 @@ def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option("enable_vtoken", False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", _parse_bool, is_switch=True),
-    Option("vtoken_policy", "none", f"Eviction policy: {', '.join(POLICIES)}. Default: none (hooks only, no eviction).", _parse_choice(POLICIES)),
-    Option("vtoken_budget", None, "Tokens of KV kept per request (absolute). Exclusive with --vtoken-budget-ratio.", _optional(_parse_int(1))),
-    Option("vtoken_budget_ratio", None, "Fraction of each request's tokens kept, in (0, 1]. Exclusive with --vtoken-budget.", _optional(_parse_float(0.0, 1.0, lo_open=True))),
-    Option("vtoken_recent", 64, "Most recent tokens always kept (recent window). Default: 64.", _parse_int(0)),
-    Option("vtoken_sinks", 4, "First tokens always kept (attention sinks). Default: 4.", _parse_int(0)),
-    Option("vtoken_reclaim", True, "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation). Default: on.", _parse_on_off),
-    Option("vtoken_theta", 0.05, "Fragmentation F above which reclaim is planned, in [0, 1]. Default: 0.05 (the paper: 0.25).", _parse_float(0.0, 1.0)),
-    Option("vtoken_planner", "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline. Default: inline.", _parse_choice(PLANNERS)),
-    Option("vtoken_seed", 0, "Seed of the random policy (identical on every TP rank). Default: 0.", _parse_int(0)),
-    Option("vtoken_score_layers", "all", "Layers whose attention feeds score-based policies: all, or indices like 0,-1. Default: all.", _parse_layers),
-    Option("vtoken_score_every", 1, "Collect attention scores every k decode steps (h2o, tova, scissorhands). Default: 1.", _parse_int(1)),
-    Option("vtoken_history", 32, "scissorhands: history window, in scored steps, over which importance must persist. Default: 32.", _parse_int(1)),
-    Option("vtoken_window", 32, "snapkv: observation window, the last prompt queries whose attention ranks the prompt. Default: 32.", _parse_int(1)),
-    Option("vtoken_cow", True, "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper). Default: on.", _parse_on_off),
-    Option("vtoken_pool", 7, "snapkv: max-pooling width over neighbouring positions (odd). Default: 7.", _parse_int(1)),
-)
-OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+def option(default: Any, help: str, parse: Callable[[Any], Any], policies: tuple[str, ...] = POLICIES) -> Any:
+    """A ``VTokenConfig`` field that is a user-facing option: its default, CLI help (without the default, which is
+    appended), parser, and the policies it belongs to (set to anything but its default with another policy, it is
+    an error)."""
+    return dataclasses.field(default=default, metadata={"help": help, "parse": parse, "policies": policies})
 
 
 @dataclasses.dataclass(frozen=True)
 class VTokenConfig:
-    """Validated vToken settings. Invariants: ``budget`` and ``budget_ratio`` are not both set; with a policy other
-    than ``none`` exactly one of them is set; an absolute budget covers ``sinks + recent``."""
+    """Validated vToken settings; each field is one option (``OPTIONS`` is derived from these fields). Invariants:
+    ``budget`` and ``budget_ratio`` are not both set; with a policy other than ``none`` exactly one of them is set;
+    an absolute budget covers ``sinks + recent``; a policy-specific option keeps its default under other policies."""
 
-    enable_vtoken: bool = False
-    vtoken_policy: str = "none"
-    vtoken_budget: int | None = None
-    vtoken_budget_ratio: float | None = None
-    vtoken_recent: int = 64
-    vtoken_sinks: int = 4
-    vtoken_reclaim: bool = True
-    vtoken_theta: float = 0.05
-    vtoken_planner: str = "inline"
-    vtoken_seed: int = 0
-    vtoken_score_layers: str = "all"
-    vtoken_score_every: int = 1
-    vtoken_history: int = 32
-    vtoken_window: int = 32
-    vtoken_pool: int = 7
-    vtoken_cow: bool = True
+    enable_vtoken: bool = option(False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", _parse_bool)
+    vtoken_policy: str = option("none", f"Eviction policy: {', '.join(POLICIES)} (none: hooks only, no eviction).", _parse_choice(POLICIES))
+    vtoken_budget: int | None = option(None, "Tokens of KV kept per request (absolute). Exclusive with --vtoken-budget-ratio.", _optional(_parse_int(1)))
+    vtoken_budget_ratio: float | None = option(None, "Fraction of each request's tokens kept, in (0, 1]. Exclusive with --vtoken-budget.", _optional(_parse_float(0.0, 1.0, lo_open=True)))
+    vtoken_recent: int = option(64, "Most recent tokens always kept (recent window).", _parse_int(0))
+    vtoken_sinks: int = option(4, "First tokens always kept (attention sinks).", _parse_int(0))
+    vtoken_reclaim: bool = option(True, "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation).", _parse_on_off)
+    vtoken_theta: float = option(0.05, "Fragmentation F above which reclaim is planned, in [0, 1] (the paper: 0.25).", _parse_float(0.0, 1.0))
+    vtoken_planner: str = option("inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline.", _parse_choice(PLANNERS))
+    vtoken_seed: int = option(0, "Seed of the random policy (identical on every TP rank).", _parse_int(0))
+    vtoken_score_layers: str = option("all", "Layers whose attention feeds score-based policies: all, or indices like 0,-1.", _parse_layers, SCORE_POLICIES)
+    vtoken_score_every: int = option(1, "Collect attention scores every k decode steps.", _parse_int(1), DECODE_SCORE_POLICIES)
+    vtoken_history: int = option(32, "History window, in scored steps, over which importance must persist.", _parse_int(1), ("scissorhands",))
+    vtoken_window: int = option(32, "Observation window: the last prompt queries whose attention ranks the prompt.", _parse_int(1), ("snapkv",))
+    vtoken_pool: int = option(7, "Max-pooling width over neighbouring positions (odd).", _parse_int(1), ("snapkv",))
+    vtoken_cow: bool = option(True, "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper).", _parse_on_off)
 
     @classmethod
     def build(cls, values: Mapping[str, Any], display: Callable[[str], str] = lambda n: OPTION_BY_NAME[n].flag) -> VTokenConfig:
@@ -186,12 +180,9 @@ class VTokenConfig:
             raise ConfigError(
                 f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or {display('vtoken_budget_ratio')}"
             )
-        if self.vtoken_policy not in SCORE_POLICIES and self.vtoken_score_layers != "all":
-            raise ConfigError(f"{display('vtoken_score_layers')} needs a score-based policy ({', '.join(SCORE_POLICIES)})")
-        for name, default, policies in (("vtoken_score_every", 1, DECODE_SCORE_POLICIES), ("vtoken_history", 32, ("scissorhands",)),
-                                        ("vtoken_window", 32, ("snapkv",)), ("vtoken_pool", 7, ("snapkv",))):
-            if getattr(self, name) != default and self.vtoken_policy not in policies:
-                raise ConfigError(f"{display(name)} needs {display('vtoken_policy')} {' or '.join(policies)}")
+        for opt in OPTIONS:
+            if getattr(self, opt.name) != opt.default and self.vtoken_policy not in opt.policies:
+                raise ConfigError(f"{display(opt.name)} needs {display('vtoken_policy')} {' or '.join(opt.policies)}")
         if self.vtoken_pool % 2 == 0:
             raise ConfigError(f"{display('vtoken_pool')} {self.vtoken_pool}: the pooling width must be odd (centred on each position)")
         floor = self.vtoken_sinks + self.vtoken_recent
@@ -220,6 +211,22 @@ class VTokenConfig:
             f"vToken on: policy={self.vtoken_policy} budget={budget} sinks={self.vtoken_sinks} recent={self.vtoken_recent} "
             f"reclaim={'on' if self.vtoken_reclaim else 'off'} cow={'on' if self.vtoken_cow else 'off'} theta={self.vtoken_theta} planner={self.vtoken_planner} seed={self.vtoken_seed}"
         )
+
+
+def _describe(default: Any, parse: Callable[[Any], Any]) -> str:
+    if default is None:
+        return ""
+    if parse is _parse_on_off:
+        return f" Default: {'on' if default else 'off'}."
+    return "" if parse is _parse_bool else f" Default: {default}."
+
+
+OPTIONS: tuple[Option, ...] = tuple(
+    Option(f.name, f.default, f.metadata["help"] + _describe(f.default, f.metadata["parse"]), f.metadata["parse"], f.metadata["policies"])
+    for f in dataclasses.fields(VTokenConfig)
+)
+OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+DEFAULTS = VTokenConfig()  # every option at its default (vToken off)
 
 
 def kwarg_display(name: str) -> str:

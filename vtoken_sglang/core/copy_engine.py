@@ -3,7 +3,7 @@
 Contract (one interface, two implementations):
 - ``copy(src, dst)`` enqueues the copy after all work already issued on the caller's stream (the forward that
   last wrote the sources) and returns a ``Ticket``. Sources and destinations are disjoint.
-- ``publish_after(ticket)``: work issued afterwards on the caller's stream (the row rewrite, then the next forward
+- ``order_before_next_forward(ticket)``: work issued afterwards on the caller's stream (the row rewrite, then the next forward
   that reads the new rows) runs only after the copy completed (I3). No host synchronization.
 - ``fence()``: a marker after the work issued so far on the caller's stream; ``Fence.done()`` tells, without
   blocking, whether it has completed. Source pages are released only when the fence taken after the last
@@ -11,7 +11,7 @@ Contract (one interface, two implementations):
 - ``producer``: a stream the forwards run on when it is not the caller's (SGLang's overlap scheduler: the caller
   is the scheduling stream, and the forward of the last step may still run). Every copy also waits for the work
   already queued there: the forward that wrote the sources, and that may still read freed pages a copy writes.
-  The next forward is queued after the caller's stream, so ``publish_after`` orders it after the copy, and pages
+  The next forward is queued after the caller's stream, so ``order_before_next_forward`` orders it after the copy, and pages
   freed by eviction or by a plan are next written only after that forward: no grace period is needed.
 
 ``CpuCopyEngine`` is synchronous (every fence is done at once). ``CudaCopyEngine`` copies on a dedicated stream
@@ -63,7 +63,7 @@ class CopyEngine(abc.ABC):
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket: ...
 
     @abc.abstractmethod
-    def publish_after(self, ticket: Ticket) -> None: ...
+    def order_before_next_forward(self, ticket: Ticket) -> None: ...
 
     @abc.abstractmethod
     def fence(self) -> Fence: ...
@@ -79,7 +79,7 @@ class CpuCopyEngine(CopyEngine):
             buf.index_copy_(0, dst, buf.index_select(0, src))
         return Ticket(None, time.perf_counter() - t0)
 
-    def publish_after(self, ticket: Ticket) -> None:
+    def order_before_next_forward(self, ticket: Ticket) -> None:
         return None
 
     def fence(self) -> Fence:
@@ -97,7 +97,7 @@ class CudaCopyEngine(CopyEngine):
         self.stream = torch.cuda.Stream(device=dev)
         if warmup:  # compile/launch the kernels once, on the padding slot 0, before serving
             zero = torch.zeros(1, dtype=torch.int64, device=dev)
-            self.publish_after(self.copy(zero, zero))
+            self.order_before_next_forward(self.copy(zero, zero))
             torch.cuda.current_stream(dev).synchronize()
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket:
@@ -119,7 +119,7 @@ class CudaCopyEngine(CopyEngine):
         dst.record_stream(self.stream)
         return Ticket(done, time.perf_counter() - t0)
 
-    def publish_after(self, ticket: Ticket) -> None:
+    def order_before_next_forward(self, ticket: Ticket) -> None:
         torch.cuda.current_stream(self.device).wait_event(ticket.event)
 
     def fence(self) -> Fence:
@@ -128,5 +128,8 @@ class CudaCopyEngine(CopyEngine):
         return _CudaFence(ev)
 
 
-def make_copy_engine(buffers: Sequence[torch.Tensor]) -> CopyEngine:
-    return CudaCopyEngine(buffers) if buffers[0].is_cuda else CpuCopyEngine(buffers)
+def make_copy_engine(buffers: Sequence[torch.Tensor], producer=None) -> CopyEngine:
+    """The engine for the buffers' device; ``producer``: the forward stream when it is not the caller's (CUDA)."""
+    engine = CudaCopyEngine(buffers) if buffers[0].is_cuda else CpuCopyEngine(buffers)
+    engine.producer = producer
+    return engine

@@ -21,6 +21,13 @@ FREE = -1
 TREE = -2
 
 
+def tail_room(last_slot: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The tail-page rule, the one place it is written: a request's next token goes to ``last_slot + 1`` while that
+    slot is in the same page (``tail_room > 0`` slots left there), else to the first slot of a new page. SGLang's
+    paged allocator applies it as ``seq_len % page_size``, which holds only for dense rows."""
+    return page_size - 1 - last_slot % page_size
+
+
 class OutOfPages(RuntimeError):
     """Not enough free pages for an allocation."""
 

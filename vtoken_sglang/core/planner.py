@@ -16,6 +16,7 @@ Everything is vectorized over pages and requests; cost grows with pages, not wit
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ class Snapshot:
     blocked: torch.Tensor  # bool  [num_pages + 1]
     free_for_relocation: int
 
+    ARRAYS: ClassVar[tuple[tuple[str, str], ...]] = (("live", "int32"), ("owner", "int32"), ("blocked", "bool"))
+    """The per-page tensor fields and their dtypes, in wire order (``worker.protocol``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -45,6 +49,13 @@ class Plan:
     src_pages: torch.Tensor  # int64 [m]
     src_row: torch.Tensor  # int64 [m]
     src_live: torch.Tensor  # int32 [m]
+
+    ARRAYS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("rows", "int64"), ("n_dst", "int64"), ("src_pages", "int64"), ("src_row", "int64"), ("src_live", "int32"))
+    """The tensor fields and their dtypes, in wire order (``worker.protocol``)."""
+
+    def to(self, device: torch.device | str) -> Plan:
+        return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name, _ in self.ARRAYS})
 
     @property
     def pages_freed(self) -> int:

@@ -171,7 +171,7 @@ class Reclaimer:
         moves = pack_moves(self.table.slots, self.table.live_len, plan, dst_pages, pool.page_size)
         assert moves.src.numel() == plan.tokens_moved, "plan and table disagree"
         ticket = self.engine.copy(moves.src, moves.dst)
-        self.engine.publish_after(ticket)
+        self.engine.order_before_next_forward(ticket)
         self.table.apply_moves(moves.rows, moves.cols, moves.dst)
         pool.in_flight[dst_pages] = False
         self._pending.append(_Pending(self.epoch + self.grace_steps, self.engine.fence(), plan.src_pages))
@@ -206,20 +206,33 @@ class Reclaimer:
         the epoch. Returns the plans applied. ``external``: plans come from elsewhere (a compaction worker); it is
         called once, and the plan it returns, if any, is validated and applied or dropped like an inline one."""
         self.release_ready()
-        applied: list[Plan] = []
-        if external is not None:
+        if external is None:
+            applied = self._plan_and_apply(self.max_rounds if self.grace_steps == 0 else 1, force=False)
+        else:
             plan = external()
-            if plan is not None and not plan.is_empty() and self.apply(plan):
-                applied.append(plan)
+            applied = [plan] if plan is not None and not plan.is_empty() and self.apply(plan) else []
+            if applied:
                 self.release_ready()
-            self.epoch += 1
-            return applied
-        rounds = self.max_rounds if self.grace_steps == 0 else 1
-        while len(applied) < rounds and self.needs_reclaim():
+        self.epoch += 1
+        return applied
+
+    def reclaim_now(self, rounds: int = 8) -> int:
+        """Memory is short: plan and apply regardless of theta, up to ``rounds`` plans, within the current epoch.
+        Returns the pages freed (a synchronous engine's sources come back at once; an asynchronous one's later)."""
+        if not self.enabled:
+            return 0
+        before = self.stats.pages_reclaimed
+        self._plan_and_apply(rounds, force=True)
+        return self.stats.pages_reclaimed - before
+
+    def _plan_and_apply(self, rounds: int, force: bool) -> list[Plan]:
+        """The reclaim loop: while triggered (or ``force``d), plan, apply, and release what is due, until a plan is
+        empty or refused, or ``rounds`` plans are applied."""
+        applied: list[Plan] = []
+        while len(applied) < rounds and (force or self.needs_reclaim()):
             plan = self.plan()
             if plan.is_empty() or not self.apply(plan):
                 break
             applied.append(plan)
             self.release_ready()  # a synchronous engine (grace_steps=0) gets its sources back at once
-        self.epoch += 1
         return applied

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from vtoken_sglang.core.pages import FREE, TREE, PagePool
+from vtoken_sglang.core.pages import FREE, TREE, PagePool, tail_room
 from vtoken_sglang.core.segments import repeat_rows, segment_ranks
 
 
@@ -78,13 +78,13 @@ class TokenTable:
 
     def alloc_slots(self, rows: torch.Tensor, counts: torch.Tensor, for_relocation: bool = False) -> torch.Tensor:
         """Slots for ``counts[i]`` new tokens of each request ``rows[i]``, concatenated in row order: first the rest
-        of the request's tail page (``last slot + 1 ...``), then new pages. Same rule as SGLang's paged allocator."""
+        of the request's tail page (``last slot + 1 ...``), then new pages (``pages.tail_room``)."""
         P = self.page_size
         counts = counts.to(torch.int64)
         live = self.live_len[rows]
         last = torch.where(live > 0, self.slots[rows, (live - 1).clamp(min=0)].to(torch.int64), torch.full_like(live, -1))
         tail_page_is_own = (last >= 0) & (self.pages.owner[(last // P).clamp(min=0)] == rows.to(torch.int32))
-        room = torch.where(tail_page_is_own, P - 1 - last % P, torch.zeros_like(last))
+        room = torch.where(tail_page_is_own, tail_room(last, P), torch.zeros_like(last))
         in_tail = torch.minimum(room, counts)
         new_pages = (counts - in_tail + P - 1) // P
         fresh = self.pages.alloc(int(new_pages.sum()), repeat_rows(rows.to(torch.int64), new_pages), for_relocation)

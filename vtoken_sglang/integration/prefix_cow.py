@@ -132,7 +132,7 @@ class PrefixCow:
         rows, cols, dst = torch.cat(rows), torch.cat(cols), torch.cat(dst)
         src = self.table.slots[rows, cols].to(torch.int64)
         assert not bool((self.pool.owner[src // P] >= 0).any()), "copy-on-write source outside the tree's pages"
-        self.engine.publish_after(self.engine.copy(src, dst))
+        self.engine.order_before_next_forward(self.engine.copy(src, dst))
         self.table.apply_moves(rows, cols, dst)
         self.tokens_copied += len(dst)
 

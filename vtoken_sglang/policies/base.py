@@ -20,23 +20,33 @@ import math
 
 import torch
 
+from vtoken_sglang.config import DEFAULTS, VTokenConfig
 from vtoken_sglang.core.token_table import TokenTable
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
+    """What a policy reads of the options (defaults: ``config.DEFAULTS``), plus ``slack``: the tokens a request may
+    run over its budget before it is trimmed (batches evictions)."""
+
     budget: int | None = None
     budget_ratio: float | None = None
-    sinks: int = 4
-    recent: int = 64
+    sinks: int = DEFAULTS.vtoken_sinks
+    recent: int = DEFAULTS.vtoken_recent
     slack: int = 16
-    seed: int = 0
-    history: int = 32  # scissorhands: history window (observations)
-    window: int = 32  # snapkv: observation window (last prompt queries)
-    pool_kernel: int = 7  # snapkv: max-pooling width over positions
+    seed: int = DEFAULTS.vtoken_seed
+    history: int = DEFAULTS.vtoken_history  # scissorhands: history window (observations)
+    window: int = DEFAULTS.vtoken_window  # snapkv: observation window (last prompt queries)
+    pool_kernel: int = DEFAULTS.vtoken_pool  # snapkv: max-pooling width over positions
 
     def __post_init__(self):
         assert (self.budget is None) != (self.budget_ratio is None), "exactly one of budget, budget_ratio"
+
+    @classmethod
+    def from_config(cls, cfg: VTokenConfig, slack: int) -> PolicyConfig:
+        return cls(budget=cfg.vtoken_budget, budget_ratio=cfg.vtoken_budget_ratio, sinks=cfg.vtoken_sinks,
+                   recent=cfg.vtoken_recent, slack=slack, seed=cfg.vtoken_seed, history=cfg.vtoken_history,
+                   window=cfg.vtoken_window, pool_kernel=cfg.vtoken_pool)
 
 
 @dataclasses.dataclass

@@ -133,7 +133,7 @@ class WorkerPlanner:
         plan, self.latest = self.latest, None
         if plan is None or torch.device(device) == plan.rows.device:
             return plan
-        return dataclasses.replace(plan, **{f: getattr(plan, f).to(device) for f in ("rows", "n_dst", "src_pages", "src_row", "src_live")})
+        return plan.to(device)
 
     def poll_messages(self) -> None:
         """Take every message waiting (non-blocking): hellos, and plans (the newest kept in ``latest``, on the

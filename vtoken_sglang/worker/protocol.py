@@ -24,8 +24,8 @@ from vtoken_sglang.core.pages import TREE
 from vtoken_sglang.core.planner import Plan, Snapshot
 
 VERSION = 2  # 2: snapshots carry num_rows
-SNAPSHOT_ARRAYS = (("live", "int32"), ("owner", "int32"), ("blocked", "bool"))
-PLAN_ARRAYS = (("rows", "int64"), ("n_dst", "int64"), ("src_pages", "int64"), ("src_row", "int64"), ("src_live", "int32"))
+SNAPSHOT_ARRAYS = Snapshot.ARRAYS
+PLAN_ARRAYS = Plan.ARRAYS
 
 
 class ProtocolError(ValueError):
@@ -53,15 +53,14 @@ def encode_snapshot(snap: Snapshot, num_rows: int) -> list[bytes | memoryview]:
     """The snapshot's frames (``num_rows``: the row store's rows; every owner is below it). The array frames are
     views of the snapshot's (CPU) tensors, not copies: send them before those tensors change (ZMQ copies a frame
     into its message when it is sent)."""
-    arrays = [(n, _numpy(t, d)) for (n, d), t in zip(SNAPSHOT_ARRAYS, (snap.live, snap.owner, snap.blocked))]
+    arrays = [(n, _numpy(getattr(snap, n), d)) for n, d in SNAPSHOT_ARRAYS]
     return _frames("snapshot", {"epoch": snap.epoch, "page_size": snap.page_size, "num_rows": num_rows,
                                 "free_for_relocation": snap.free_for_relocation}, arrays, views=True)
 
 
 def encode_plan(plan: Plan) -> list[bytes]:
     """The plan's frames, as ``bytes`` (picklable: TP ranks receive plans through a broadcast of these)."""
-    tensors = (plan.rows, plan.n_dst, plan.src_pages, plan.src_row, plan.src_live)
-    arrays = [(n, _numpy(t, d)) for (n, d), t in zip(PLAN_ARRAYS, tensors)]
+    arrays = [(n, _numpy(getattr(plan, n), d)) for n, d in PLAN_ARRAYS]
     return _frames("plan", {"epoch": plan.epoch}, arrays, views=False)
 
 
@@ -138,11 +137,9 @@ def check_plan_bounds(arrays: dict[str, np.ndarray], num_rows: int, num_pages: i
 # ``decode``'s arrays are fresh copies of the frames (``astype``): the tensors below share them, nothing else does.
 
 def to_snapshot(header: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
-    return Snapshot(header["epoch"], header["page_size"], torch.from_numpy(arrays["live"]),
-                    torch.from_numpy(arrays["owner"]), torch.from_numpy(arrays["blocked"]),
-                    header["free_for_relocation"])
+    tensors = {name: torch.from_numpy(arrays[name]) for name, _ in SNAPSHOT_ARRAYS}
+    return Snapshot(header["epoch"], header["page_size"], free_for_relocation=header["free_for_relocation"], **tensors)
 
 
 def to_plan(header: dict, arrays: dict[str, np.ndarray], device: torch.device | str = "cpu") -> Plan:
-    t = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
-    return Plan(header["epoch"], t["rows"], t["n_dst"], t["src_pages"], t["src_row"], t["src_live"])
+    return Plan(header["epoch"], **{name: torch.from_numpy(arrays[name]).to(device) for name, _ in PLAN_ARRAYS})
