@@ -12,6 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Every server the tests start runs the core's integrity check at idle and every few eviction rounds.
+os.environ.setdefault("VTOKEN_SGLANG_CHECK_INTEGRITY", "1")
+os.environ.setdefault("VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY", "4")
 
 
 @pytest.fixture(scope="session")

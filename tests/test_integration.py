@@ -150,6 +150,15 @@ def test_no_leaks(naive_and_vtoken):
         assert "memory leak" not in r["log"] and "Traceback" not in r["log"]
 
 
+def test_integrity_checked_in_the_running_server(naive_and_vtoken):
+    """conftest turns VTOKEN_SGLANG_CHECK_INTEGRITY on: every server checked its invariants during the load and
+    at idle, and none failed (a failure raises in the scheduler and the server dies)."""
+    for mode in ("naive", "vtoken", "serial", "worker"):
+        r = naive_and_vtoken[mode]
+        assert r["vtoken"]["integrity_checks"] > 0, mode
+        assert "integrity check failed" not in r["log"], r["log"][-3000:]
+
+
 def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
     """Sanity: with eviction on, long generations differ from no eviction (the server really drops tokens)."""
     with SglangServer(tiny_model, default_server_args() + ["--enable-vtoken"]) as s:

@@ -1,4 +1,5 @@
-"""``check_integrity``: every invariant of PAPER.md written once, as a check tests (and debug builds) call.
+"""``check_integrity``: every invariant of vToken written once, as a check tests and the running server
+(``VTOKEN_SGLANG_CHECK_INTEGRITY=1``) call.
 
 - I1 token conservation: logical ids of each row strictly increasing and below ``logical_len``; with
   ``kv_stamp``, every live entry's K/V bytes equal what was written for (row, logical id) (relocation kept them).
@@ -7,8 +8,9 @@
   copy; sources are unreferenced until released).
 - I4 layout: every private page with no live token is a relocation source awaiting release (nothing leaks), and
   every allocated page is owned by an active request, the tree, or is such a source.
-- Page accounting: free + allocated == total; free pages have no owner and no live token; live counts equal the
-  table's entries per page.
+- Page accounting: free pages have no owner and no live token, and no live entry points into one; live counts
+  equal the table's entries per page; free + allocated == total (for a pool that tracks every page; a bridge to
+  an engine's allocator tracks only its own pages, which must then not be on the engine's free list).
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ def live_entries(table: TokenTable) -> tuple[torch.Tensor, torch.Tensor, torch.T
     """(rows, cols, slots, logical) of every live entry of every active request, flattened."""
     rows = torch.nonzero(table.active).flatten()
     if rows.numel() == 0:
-        e = torch.empty(0, dtype=torch.int64)
+        e = torch.empty(0, dtype=torch.int64, device=rows.device)
         return e, e, e, e
     width = max(int(table.live_len[rows].max()), 1)
-    valid = torch.arange(width)[None, :] < table.live_len[rows][:, None]
+    valid = torch.arange(width, device=rows.device)[None, :] < table.live_len[rows][:, None]
     r_i, c = torch.nonzero(valid, as_tuple=True)
     r = rows[r_i]
     return r, c, table.slots[r, c].to(torch.int64), table.logical[r, c].to(torch.int64)
@@ -54,15 +56,19 @@ def check_integrity(
     owner, live = pool.owner, pool.live
     # ---- page accounting
     free = pool.free_ids()
+    is_free = torch.zeros_like(pool.in_flight).index_fill_(0, free, True)
     _require(len(torch.unique(free)) == len(free), "free list has duplicates")
     _require(bool((owner[free] == FREE).all()) and bool((live[free] == 0).all()), "a free page has an owner or live tokens")
-    _require(int((owner == FREE).sum()) == len(free), "a page is neither free nor allocated")
-    _require(pool.used_pages() + len(free) == pool.num_pages, "free + allocated != total")
+    if pool.tracks_every_page:
+        _require(int((owner == FREE).sum()) == len(free), "a page is neither free nor allocated")
+        _require(pool.used_pages() + len(free) == pool.num_pages, "free + allocated != total")
+    else:
+        _require(pool.used_pages() + len(free) <= pool.num_pages, "tracked + free > total")
     # ---- table vs pages
     rows, cols, slots, logical = live_entries(table)
     pages = slots // P
     private = owner[pages] >= 0
-    _require(bool((owner[pages] != FREE).all()), "a live entry points into a free page")
+    _require(not bool(is_free[pages].any()), "a live entry points into a free page")
     _require(bool((owner[pages][private] == rows[private].to(torch.int32)).all()), "a live entry points into another request's page (I2)")
     counted = torch.zeros_like(live).index_add_(0, pages[private], torch.ones_like(pages[private], dtype=live.dtype))
     priv_pages = owner >= 0

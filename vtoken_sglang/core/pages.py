@@ -36,6 +36,8 @@ class PagePool:
     """Free list + per-page live counts, owners and in-flight marks. Deterministic: the same call sequence gives
     the same page ids (so every tensor-parallel rank agrees)."""
 
+    tracks_every_page = True  # owner FREE <=> on the free list (an engine's bridge may track only its own pages)
+
     def __init__(self, num_pages: int, page_size: int, reserve: int = 0, device: str | torch.device = "cpu"):
         assert page_size >= 2, "vToken needs pages of at least 2 tokens"
         assert 0 <= reserve <= num_pages

@@ -6,12 +6,12 @@ decide admission and retraction independently, from the same state), and replies
 different steps. The broadcast happens only in steps where reclaim is wanted, which every rank agrees on (same
 state, same trigger), so all ranks enter it together.
 
-Per step (``Reclaimer.step(external=link.next_plan)`` then ``link.after_step()``):
+Per step (``planning.WorkerPlanning``: ``Reclaimer.step(external=link.next_plan)`` at the start of the eviction
+round, ``link.after_step()`` at its end):
 1. ``next_plan``: rank 0 takes the newest plan the worker sent (non-blocking). With one rank, a plan that arrived is
    validated and applied or dropped at once. With TP, in every step where reclaim is wanted, the plan (or nothing)
    is broadcast and every rank validates and applies it, or drops it, the same way (only rank 0 knows when a plan
-   arrived; one broadcasting only every ``every``-th step found its plans' sources changed by the evictions
-   since, and applied none).
+   arrived; broadcasting only every ``every``-th step would find a plan's sources changed by the evictions since).
 2. ``after_step``: once ``interval`` steps have passed since the last snapshot, if the worker is idle and reclaim
    is still wanted, rank 0 sends it a snapshot of the state after this step's changes. The cadence bounds the
    scheduler's share of the work (trigger, snapshot, encoding) to an eighth of it per step with ``every`` 8, the
@@ -19,8 +19,7 @@ Per step (``Reclaimer.step(external=link.next_plan)`` then ``link.after_step()``
    their sources anyway). ``interval`` is ``every``, doubled after each empty plan up to ``every *
    MAX_BACKOFF`` and back to ``every`` after a plan that moves something or while free pages are at the low
    watermark: fragmentation above theta that no plan can reduce (thinly spread live tokens, tail pages, no room
-   for destinations) would otherwise cost a snapshot every ``every`` steps for nothing. Measured on the overhead
-   load (random eviction, ratio 0.5): 100 of 128 plans were empty before this back-off.
+   for destinations) would otherwise cost a snapshot every ``every`` steps for nothing.
 If the worker is down, rank 0 broadcasts nothing: reclaim pauses (pressure still reclaims inline before
 retracting), serving goes on.
 """
@@ -30,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import torch
 
 from vtoken_sglang.core.planner import Plan
 from vtoken_sglang.core.reclaimer import Reclaimer
@@ -38,11 +36,12 @@ from vtoken_sglang.worker import protocol
 from vtoken_sglang.worker.client import WorkerPlanner
 
 MAX_BACKOFF = 8  # the longest snapshot interval, in units of ``every``
+SNAPSHOT_EVERY = 8  # the base snapshot cadence, in decode steps
 
 
 class WorkerLink:
     def __init__(self, reclaimer: Reclaimer, num_rows: int, tp_rank: int = 0,
-                 broadcast: Callable[[object], object] | None = None, every: int = 8, **client_kwargs):
+                 broadcast: Callable[[object], object] | None = None, every: int = SNAPSHOT_EVERY, **client_kwargs):
         self.reclaimer = reclaimer
         self.every = every
         self.steps = 0  # decode steps seen; the same count on every rank
@@ -113,13 +112,3 @@ class WorkerLink:
         if self.client is not None:
             self.client.close()
 
-
-def tp_broadcaster(group) -> Callable[[object], object]:
-    """Broadcast a small picklable object (bytes frames or None) from TP rank 0 over the group's CPU (gloo) group."""
-
-    def broadcast(obj):
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src=group.ranks[0], group=group.cpu_group)
-        return box[0]
-
-    return broadcast

@@ -1,0 +1,73 @@
+"""The eviction round: what vToken does after each decode step, in one fixed order.
+
+It runs at the start of ``Scheduler.get_next_batch_to_run`` (after forward N, before step N+1 is admitted and
+prepared; the same point with and without SGLang's overlap scheduler), over the batch that just decoded:
+
+1. ``planning.apply_arrived``: a compaction worker's plan that arrived is applied (inline planner: nothing);
+2. scores: a scored step's attention goes into the policy's state (score policies);
+3. trim: requests over budget + slack become managed if they were not, and their victims are evicted (marked
+   dead in the Token Table; pages left without a live token are freed at once: that alone is Naive-Evict);
+4. copy-on-write of tree-prefix pages, every ``COW_EVERY`` trimming rounds;
+5. ``planning.plan_now``: the inline planner plans and applies relocations (copy, then the rows are rewritten
+   behind the copy engine's order; sources are freed when the copy's fence is done);
+6. the batch's and requests' lengths are written from the Token Table, the peaks sampled, the integrity check run
+   every N-th round (``VTOKEN_SGLANG_CHECK_INTEGRITY``);
+7. ``planning.end_step``: a snapshot for the worker, at its cadence.
+Steps 4-6 run only in a round that trimmed some request. Requests whose queued result ends them by length (the
+overlap scheduler's, ``ending``) are left alone: the results would have finished them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
+
+
+def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
+    """The round over ``batch`` (``rt``: the ``VTokenRuntime``). ``lock_holders``: requests outside the batch that
+    may hold a radix-tree lock (the one being chunked). ``ending``: ids of requests whose pending result ends them."""
+    rt.stats.decode_steps += 1
+    if rt.policy is None:
+        return
+    rt.planning.apply_arrived()
+    try:
+        if _trim(rt, batch, ending):
+            if rt.cow is not None and rt.stats.rounds % COW_EVERY == 0:
+                # requests ending now are no candidates, but lock their paths until their results land
+                staying = [r for r in batch.reqs if id(r) not in ending]
+                going = [r for r in batch.reqs if id(r) in ending]
+                rt.cow.step(staying, [*lock_holders, *going])
+            rt.planning.plan_now()
+            rt.rows.write_lengths(batch)
+            rt.stats.rounds += 1
+            rt.sample_pages()
+            rt.integrity.after_round()
+    finally:
+        rt.planning.end_step()
+
+
+def _trim(rt, batch, ending: set) -> bool:
+    """Steps 2-3, vectorized over the batch. Returns whether some request was over budget."""
+    rows = batch.req_pool_indices.to(torch.int64)
+    live = batch.seq_lens.to(torch.int64)
+    running = torch.tensor([not r.finished() and id(r) not in ending for r in batch.reqs], dtype=torch.bool,
+                           device=rows.device)
+    if rt.scores is not None:
+        rt.scores.observe_decode(batch, rows, live, running)
+    table = rt.table
+    logical = torch.where(table.active[rows], table.logical_len[rows], live)
+    over_mask = running & (live > rt.policy.budget(logical) + rt.policy.cfg.slack)
+    if not bool(over_mask.any()):
+        return False
+    over = [batch.reqs[i] for i in torch.nonzero(over_mask).flatten().tolist()]
+    new = [r for r in over if not rt.rows.is_managed(r.kv.req_pool_idx)]
+    if new:
+        rt.rows.manage(new)
+    rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=table.slots.device)
+    vr, vc = rt.policy.select_victims(table, rows)
+    if vr.numel():
+        rt.stats.fold("victims", table.row_key[vr], table.logical[vr, vc])
+        rt.pool.free(table.evict(vr, vc))
+        rt.stats.tokens_evicted += int(vr.numel())
+    return True

@@ -1,0 +1,57 @@
+"""``IntegrityWatch``: the core's full integrity check (I1-I4 and page accounting against SGLang's allocator) in
+the running server, with ``VTOKEN_SGLANG_CHECK_INTEGRITY=1``: after every ``VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY``-th
+trimming round (default 8) and whenever the scheduler goes fully idle after work. At idle it also requires that
+no request is managed any more and that vToken tracks no page but relocation sources awaiting release. A
+violation is logged and raised (``IntegrityError``): the scheduler stops, loudly. Off: nothing runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from vtoken_sglang.core.integrity import IntegrityError, check_integrity
+from vtoken_sglang.core.reclaimer import Reclaimer
+from vtoken_sglang.integration.stats import RuntimeStats
+
+logger = logging.getLogger("vtoken_sglang")
+
+ENABLED = os.environ.get("VTOKEN_SGLANG_CHECK_INTEGRITY") == "1"
+EVERY = int(os.environ.get("VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY", "8"))
+
+
+class IntegrityWatch:
+    def __init__(self, reclaimer: Reclaimer, stats: RuntimeStats, enabled: bool = ENABLED, every: int = EVERY):
+        self.reclaimer = reclaimer
+        self.table = reclaimer.table
+        self.stats = stats
+        self.enabled = enabled
+        self.every = max(every, 1)
+        self.checked_at_step = 0  # decode_steps at the last idle check
+
+    def after_round(self) -> None:
+        if self.enabled and self.stats.rounds % self.every == 0:
+            self._check("round")
+
+    def at_idle(self) -> None:
+        """The scheduler is fully idle: once per burst of work."""
+        if not self.enabled or self.stats.decode_steps == self.checked_at_step:
+            return
+        self.checked_at_step = self.stats.decode_steps
+        self._check("idle")
+        pool = self.table.pages
+        self._require(not bool(self.table.active.any()), "idle", "a request is still managed at idle")
+        pending = self.reclaimer.pending_pages()
+        self._require(pool.used_pages() == pending, "idle",
+                      f"{pool.used_pages()} pages tracked at idle, {pending} of them awaiting release (leak)")
+
+    def _check(self, where: str) -> None:
+        try:
+            check_integrity(self.table)
+        except IntegrityError as err:
+            self._require(False, where, str(err))
+        self.stats.integrity_checks += 1
+
+    def _require(self, ok: bool, where: str, what: str) -> None:
+        if not ok:
+            logger.error("[vtoken] integrity check failed (%s, decode step %d): %s", where, self.stats.decode_steps, what)
+            raise IntegrityError(f"vToken integrity check failed ({where}): {what}")

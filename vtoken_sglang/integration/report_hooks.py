@@ -1,0 +1,71 @@
+"""Hooks that report and watch: metrics in the log, ``/get_server_info`` and Prometheus; at idle, the worker's
+health, the score dump and the integrity check."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration.hook_timer import TIMER
+from vtoken_sglang.integration.metrics_export import PrometheusExporter, log_line
+
+logger = logging.getLogger("vtoken_sglang")
+
+# Debug: write the first request's collected scores per scored step to this file when the scheduler goes idle.
+SCORE_DUMP = os.environ.get("VTOKEN_SGLANG_SCORE_DUMP")
+
+
+def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
+    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it),
+    bring the Prometheus series to their idle values, let the compaction worker's client check its health, write
+    the score dump, and (fully idle) run the integrity check."""
+    rt = runtime.RUNTIME
+    if rt is None:
+        return
+    if rt.stats.rounds != rt.logged_rounds:
+        from sglang.srt.runtime_context import get_parallel
+
+        rt.logged_rounds = rt.stats.rounds
+        m = rt.metrics()
+        logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, m)
+        if rt.exporter is not None:
+            rt.exporter.update(m)
+    rt.planning.poll()
+    dump = rt.scores.dump if rt.scores is not None else None
+    if dump:
+        torch.save(dump, SCORE_DUMP + ".tmp")
+        os.replace(SCORE_DUMP + ".tmp", SCORE_DUMP)  # readers never see a partial file
+        dump.clear()  # each idle writes the steps since the last one
+    if scheduler.is_fully_idle():
+        rt.integrity.at_idle()
+
+
+def report_decode_stats(result, reporter, *args, **kwargs) -> None:
+    """AFTER ``SchedulerMetricsReporter.report_decode_stats``: at the same cadence as SGLang's periodic decode
+    log line (``--decode-log-interval``), a ``[vtoken]`` line beside it on the logging rank, and the Prometheus
+    series when metrics are enabled for this scheduler."""
+    rt = runtime.RUNTIME
+    if rt is None or reporter.forward_ct_decode % reporter.decode_log_interval != 0:
+        return
+    if not (reporter.is_stats_logging_rank or reporter.current_scheduler_metrics_enabled):
+        return
+    m = rt.metrics()
+    if reporter.is_stats_logging_rank:
+        logger.info(log_line(m))
+    if reporter.current_scheduler_metrics_enabled:
+        if rt.exporter is None:
+            rt.exporter = PrometheusExporter(reporter.metrics_collector.labels)
+        rt.exporter.update(m)
+
+
+def get_internal_state(result, scheduler, *args, **kwargs):
+    """AFTER ``Scheduler.get_internal_state``: vToken's metrics under ``"vtoken"`` (``/get_server_info`` shows
+    them in ``internal_states``), with ``hook_ms`` per hook (not in the log lines: one entry per hook)."""
+    rt = runtime.RUNTIME
+    if rt is not None and isinstance(getattr(result, "internal_state", None), dict):
+        result.internal_state["vtoken"] = {**rt.metrics(),
+                                           "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()}}
+    return result

@@ -1,0 +1,111 @@
+"""``RequestRows``: which of SGLang's requests vToken manages, and what their rows tell SGLang.
+
+A request becomes *managed* the first time it exceeds its budget during decode (score policies: at its first
+scored step; snapkv: after its prefill). Until then its row is exactly upstream's (dense, insertable in the radix
+tree). From then on:
+- its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order, and ``seq_len`` = live count
+  (``write_lengths``);
+- ``req.skip_radix_cache_insert`` is set (its row no longer matches its token ids);
+- tokens of its tree prefix (logical positions below ``cache_protected_len``) are eviction candidates like any
+  other, but evicting one only drops it from the request's view: its slot is the tree's, never moved or freed here;
+- its private pages are tracked in the ``SglangPagePool`` (owner = row, live counts);
+- its decode positions are ``seq_len - 1 + offset[row]`` (``offset`` = logical_len - live_len), its next slot
+  follows the tail-page rule, and its pages are released here (SGLang's segment free assumes dense rows).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+from vtoken_sglang.core.token_table import TokenTable
+from vtoken_sglang.integration.page_bridge import SglangPagePool
+
+
+def request_key(req) -> int:
+    """A request's identity for policies: a hash of its prompt token ids. The same on every TP rank, in every run,
+    with reclaim on or off, and whatever row the request gets (rids are random; rows depend on timing)."""
+    return zlib.crc32(np.asarray(req.origin_input_ids, dtype=np.int64).tobytes())
+
+
+class RequestRows:
+    def __init__(self, table: TokenTable, pool: SglangPagePool):
+        self.table = table
+        self.pool = pool
+        self.req_to_token = table.slots
+        self.page_size = pool.page_size
+        self.offset = torch.zeros(table.slots.shape[0], dtype=torch.int64, device=table.slots.device)
+        self.requests_managed = 0  # requests ever managed
+        self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
+
+    def is_managed(self, row: int) -> bool:
+        return self.n_managed > 0 and bool(self.table.active[row])
+
+    def manage(self, reqs: list) -> None:
+        """Start tracking requests whose rows are still dense (upstream's)."""
+        dev = self.req_to_token.device
+        rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
+        lens = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64, device=dev)
+        keys = torch.tensor([request_key(r) for r in reqs], dtype=torch.int64, device=dev)
+        protected = torch.tensor([r.kv.cache_protected_len for r in reqs], dtype=torch.int64, device=dev)
+        self.table.open_rows(rows, keys)
+        # register the whole row; only the request's own pages (past the tree prefix) are claimed and counted
+        self.table.sync_new_tokens(rows, protected)
+        self.table.sync_new_tokens(rows, lens - protected, claim_pages=True)
+        for r in reqs:
+            r.skip_radix_cache_insert = True
+        self.requests_managed += len(reqs)
+        self.n_managed += len(reqs)
+
+    def release(self, req) -> None:
+        """Before SGLang releases a managed request: free its private pages here and leave SGLang nothing of the
+        row to free past the tree prefix (its segment free assumes a dense row). Without a tree prefix (radix cache
+        off, or a prompt shorter than a page) SGLang asserts that a row it still holds is not empty: it gets one
+        page of the request to free itself, as a one-slot row."""
+        row = req.kv.req_pool_idx
+        pages = self.table.close_row(row)
+        self.n_managed -= 1
+        self.offset[row] = 0
+        keep = req.kv.cache_protected_len
+        if keep == 0 and pages.numel():
+            handed, pages = pages[:1], pages[1:]
+            self.pool.disown(handed)
+            self.req_to_token[row, 0] = (handed[0] * self.page_size).to(self.req_to_token.dtype)
+            keep = 1
+        self.pool.free(pages)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = keep
+
+    def sync_decode(self, batch) -> None:
+        """``prepare_for_decode`` wrote one new slot per request at column ``seq_len``: register it."""
+        if self.n_managed == 0:
+            return
+        rows = batch.req_pool_indices.to(torch.int64)
+        managed = self.table.active[rows]
+        n = int(managed.sum())
+        if n:  # with eviction on, usually every row: no boolean indexing then
+            self.table.sync_decode_tokens(rows if n == rows.numel() else rows[managed])
+
+    def write_lengths(self, batch) -> None:
+        """Write the Token Table's live lengths into the batch and its requests (the rows already hold the live
+        slots), and each managed row's position offset."""
+        rows = batch.req_pool_indices.to(torch.int64)
+        managed = self.table.active[rows]
+        if not bool(managed.any()):
+            return
+        table_live = self.table.live_len[rows]
+        live = torch.where(managed, table_live, batch.seq_lens.to(torch.int64))
+        # rows are distinct; torch.where, not boolean indexing (a parallel region per call on shared cores)
+        self.offset[rows] = torch.where(managed, self.table.logical_len[rows] - table_live, self.offset[rows])
+        batch.seq_lens = live.to(batch.seq_lens.dtype)
+        batch.seq_lens_cpu = live.cpu().to(batch.seq_lens_cpu.dtype)
+        batch.orig_seq_lens = live.to(batch.orig_seq_lens.dtype)
+        batch.seq_lens_sum = None
+        for req, n, m in zip(batch.reqs, live.tolist(), managed.tolist()):
+            if m:
+                req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+
+    def position_offset(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        """Logical position minus live position per row (0 for unmanaged rows)."""
+        return self.offset[req_pool_indices.to(torch.int64)]
