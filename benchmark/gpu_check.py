@@ -7,8 +7,8 @@ and ``scoring_cost.py`` beside it. Rows (``check  result  figure  unit/notes``),
 
 - correctness (``ok``/``FAIL``; any FAIL makes the exit status 1):
   ``copy_order``  the copy engine's copy runs after the writer of its sources and before a reader that called
-                  ``order_before_next_forward`` (each side delayed in turn with ``torch.cuda._sleep``, so a missing order reads
-                  stale values);
+                  ``order_before_next_forward`` (each side delayed in turn with ``torch.cuda._sleep``, so a
+                  missing order reads stale values);
   ``overlap_order``  with ``producer`` set to a separate forward stream (SGLang's overlap scheduler), a copy runs
                   after that stream's late writer (and, as a control, reads stale values without it);
   ``fence_done``  ``Fence.done()`` is false while earlier work runs, does not block, and once true the copy
@@ -139,8 +139,12 @@ def check_copy_order(s: Setup) -> Row:
         if not bool((got == want).all()):
             raise AssertionError(f"{slow} delayed: reader saw sums {got.tolist()}, want {want}")
     sync(s.device)
-    how = (f"writer / copy stream delayed 20 ms in turn; copy() took {max(issue_ms):.2f} ms on the host while the "
-           "writer slept" if s.device == "cuda" else "CpuCopyEngine (synchronous)")
+    how = (
+        f"writer / copy stream delayed 20 ms in turn; copy() took {max(issue_ms):.2f} ms on the host while the "
+        "writer slept"
+        if s.device == "cuda"
+        else "CpuCopyEngine (synchronous)"
+    )
     return Row("copy_order", "ok", "4/4", f"rounds ok; {how}", data={"copy_issue_ms_writer_asleep": issue_ms})
 
 
@@ -204,8 +208,13 @@ def check_fence(s: Setup) -> Row:
     polls = poll_until(after.done, timeout_s=10)
     if not ticket.event.query():
         raise AssertionError("fence after order_before_next_forward done before the copy")
-    return Row("fence_done", "ok", "3/3", f"pending while 100 ms ran (query {query_ms:.3f} ms); done after sync; "
-               f"covers the published copy ({polls} polls)")
+    return Row(
+        "fence_done",
+        "ok",
+        "3/3",
+        f"pending while 100 ms ran (query {query_ms:.3f} ms); done after sync; "
+        f"covers the published copy ({polls} polls)",
+    )
 
 
 def poll_until(cond: Callable[[], bool], timeout_s: float) -> int:
@@ -248,7 +257,9 @@ class StampedEngine:
         t = self.table
         rows = torch.nonzero(t.active).flatten()
         width = int(t.live_len[rows].max())
-        pick = (torch.rand(len(rows), width, generator=g) < frac) & (torch.arange(width)[None, :] < t.live_len[rows][:, None] - 1)
+        pick = (torch.rand(len(rows), width, generator=g) < frac) & (
+            torch.arange(width)[None, :] < t.live_len[rows][:, None] - 1
+        )
         r, c = torch.nonzero(pick, as_tuple=True)
         self.pool.free(t.evict(rows[r], c))
 
@@ -284,8 +295,14 @@ def check_reclaim(s: Setup) -> Row:
     st = eng.reclaimer.stats
     if st.pages_reclaimed == 0 or st.tokens_moved == 0:
         raise AssertionError(f"nothing was reclaimed: {st.as_dict()}")
-    return Row("reclaim_integrity", "ok", str(st.pages_reclaimed), f"pages reclaimed; {st.tokens_moved} tokens moved "
-               f"in {st.plans_admitted} plans, 12 steps, check_integrity after every 3rd", data=st.as_dict())
+    return Row(
+        "reclaim_integrity",
+        "ok",
+        str(st.pages_reclaimed),
+        f"pages reclaimed; {st.tokens_moved} tokens moved "
+        f"in {st.plans_admitted} plans, 12 steps, check_integrity after every 3rd",
+        data=st.as_dict(),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- b. copy timings
@@ -335,8 +352,10 @@ def time_copy_rows(s: Setup) -> Iterator[Row]:
     if not plans:
         return
     region, total = pool_slots(max(plans))
-    bufs = [torch.empty(total, shape.kv_heads, shape.head_dim, dtype=shape.dtype, device=s.device)
-            for _ in range(2 * shape.layers)]
+    bufs = [
+        torch.empty(total, shape.kv_heads, shape.head_dim, dtype=shape.dtype, device=s.device)
+        for _ in range(2 * shape.layers)
+    ]
     eng = make_copy_engine(bufs)
     g = torch.Generator().manual_seed(2)
     for n in plans:
@@ -352,8 +371,9 @@ def label(n: int) -> str:
 
 
 def time_one_plan(s: Setup, eng: CopyEngine, shape: KVShape, n: int, region: int, g: torch.Generator) -> Row:
-    """Median over repeats of: host issue time of ``copy`` + ``order_before_next_forward`` on an idle stream, and device time
-    between CUDA events with the stream held back first (so the host is ahead and the events time the device)."""
+    """Median over repeats of: host issue time of ``copy`` + ``order_before_next_forward`` on an idle stream, and
+    device time between CUDA events with the stream held back first (so the host is ahead and the events time the
+    device)."""
     src = (torch.randperm(region - 1, generator=g)[:n] + 1).sort().values
     dst = region + torch.arange(n)
     repeats = 3 if s.quick else 5
@@ -407,11 +427,21 @@ def copy_row(n: int, shape: KVShape, dev_ms: float, host_ms: float, ahead: bool,
     moved = 2 * n * shape.bytes_per_token  # read + write of the payload
     timing = "device (events)" if device == "cuda" else "wall (synchronous)"
     note = "" if ahead or device != "cuda" else "; host was not ahead: device time includes issue gaps"
-    return Row(f"copy_time[{label(n)}]", "ok", f"{n / dev_ms * 1e3:.3g}",
-               f"tokens/s; {dev_ms:.3f} ms/plan {timing}, host issue {host_ms:.3f} ms, {moved / dev_ms / 1e6:.1f} GB/s, "
-               f"{2 * shape.layers} bufs x {shape.kv_heads}x{shape.head_dim} {str(shape.dtype)[6:]}{note}", False,
-               {"tokens": n, "device_ms": dev_ms, "host_issue_ms": host_ms, "bytes_per_token": shape.bytes_per_token,
-                "host_ahead": ahead})
+    return Row(
+        f"copy_time[{label(n)}]",
+        "ok",
+        f"{n / dev_ms * 1e3:.3g}",
+        f"tokens/s; {dev_ms:.3f} ms/plan {timing}, host issue {host_ms:.3f} ms, {moved / dev_ms / 1e6:.1f} GB/s, "
+        f"{2 * shape.layers} bufs x {shape.kv_heads}x{shape.head_dim} {str(shape.dtype)[6:]}{note}",
+        False,
+        {
+            "tokens": n,
+            "device_ms": dev_ms,
+            "host_issue_ms": host_ms,
+            "bytes_per_token": shape.bytes_per_token,
+            "host_ahead": ahead,
+        },
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- c. Triton kernel
@@ -420,8 +450,12 @@ def copy_row(n: int, shape: KVShape, dev_ms: float, host_ms: float, ahead: bool,
 def triton_shapes(s: Setup) -> list[tuple]:
     """(B, Hq, Hkv, D, W, block_w, k dtype, rtol): the unit test's shapes (GQA 1-4, D 24 and 16, partial blocks, an
     empty last row when B > 3); on CUDA also bf16 keys, D 96 and a Llama-8B-like decode batch."""
-    shapes = [(3, 4, 2, 32, 50, 16, torch.float32, 1e-5), (2, 6, 2, 24, 37, 16, torch.float32, 1e-5),
-              (2, 8, 8, 16, 5, 32, torch.float32, 1e-5), (4, 32, 8, 128, 70, 32, torch.float32, 1e-5)]
+    shapes = [
+        (3, 4, 2, 32, 50, 16, torch.float32, 1e-5),
+        (2, 6, 2, 24, 37, 16, torch.float32, 1e-5),
+        (2, 8, 8, 16, 5, 32, torch.float32, 1e-5),
+        (4, 32, 8, 128, 70, 32, torch.float32, 1e-5),
+    ]
     if s.device == "cuda":
         shapes += [(5, 12, 4, 96, 300, 32, torch.bfloat16, 1e-5), (32, 32, 8, 128, 1024, 32, torch.float32, 1e-4)]
     return shapes
@@ -441,16 +475,24 @@ def check_triton(s: Setup) -> Row:
         if B > 3:
             live[-1] = 0  # an empty row gives zeros in both
         q = torch.randn(B, Hq, D, generator=g)
-        want = decode_scores_headsum(q, k, slots, live, D ** -0.5)
+        want = decode_scores_headsum(q, k, slots, live, D**-0.5)
         dev = s.device
-        got = decode_scores_headsum_triton(q.to(dev), k.to(dev), slots.to(dev), live.to(dev), D ** -0.5, block_w=block).cpu()
+        got = decode_scores_headsum_triton(
+            q.to(dev), k.to(dev), slots.to(dev), live.to(dev), D**-0.5, block_w=block
+        ).cpu()
         err = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
         if not torch.allclose(got, want, rtol=rtol, atol=1e-6):
             raise AssertionError(f"B{B} Hq{Hq} Hkv{Hkv} D{D} W{W} {dtype}: max abs err {err:.2e}")
         worst = max(worst, err)
     interp = " (TRITON_INTERPRET=1)" if s.device == "cpu" else ""
-    return Row("triton_scores", "ok", f"{worst:.1e}", f"max abs err vs torch reference, {len(shapes)} shapes, GQA 1-4, "
-               f"D 16-128 incl. 24{', 96, bf16 keys' if s.device == 'cuda' else ''}, empty row{interp}", data={"max_abs_err": worst})
+    return Row(
+        "triton_scores",
+        "ok",
+        f"{worst:.1e}",
+        f"max abs err vs torch reference, {len(shapes)} shapes, GQA 1-4, "
+        f"D 16-128 incl. 24{', 96, bf16 keys' if s.device == 'cuda' else ''}, empty row{interp}",
+        data={"max_abs_err": worst},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- d. scoring cost
@@ -465,24 +507,34 @@ def scoring_rows(s: Setup) -> Iterator[Row]:
     else:
         shapes, repeats = [(8, 512, 4, 2, 32)], 3 if s.quick else 5
     for sh in shapes:
-        yield guarded(f"scoring_cost[B{sh[0]}xL{sh[1]}]", False,
-                      lambda sh=sh: scoring_row(scoring_cost.run_shape(*sh, s.device, repeats)))
+        yield guarded(
+            f"scoring_cost[B{sh[0]}xL{sh[1]}]",
+            False,
+            lambda sh=sh: scoring_row(scoring_cost.run_shape(*sh, s.device, repeats)),
+        )
 
 
 def scoring_row(r: dict) -> Row:
     tri = f", triton {r['triton_ms']:.3f} ms" if r["triton_ms"] is not None else ""
     used = "triton" if r["triton_ms"] is not None else "torch"
     verdict = "met" if r["ratio"] <= 1.0 else "MISSED"
-    return Row(f"scoring_cost[B{r['batch']}xL{r['live_tokens']}]", "ok", f"{r['ratio']:.2f}",
-               f"{used}/attn; torch {r['score_ms']:.3f} ms{tri}, attn {r['attn_ms']:.3f} ms per layer "
-               f"(Hq{r['q_heads']} Hkv{r['kv_heads']} D{r['head_dim']}); target <= 1 {verdict}", False, r)
+    return Row(
+        f"scoring_cost[B{r['batch']}xL{r['live_tokens']}]",
+        "ok",
+        f"{r['ratio']:.2f}",
+        f"{used}/attn; torch {r['score_ms']:.3f} ms{tri}, attn {r['attn_ms']:.3f} ms per layer "
+        f"(Hq{r['q_heads']} Hkv{r['kv_heads']} D{r['head_dim']}); target <= 1 {verdict}",
+        False,
+        r,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- e. window scores
 
 
-def window_scores_f64(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, q_pos: torch.Tensor, scale: float,
-                      logit_cap: float) -> torch.Tensor:
+def window_scores_f64(
+    q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, q_pos: torch.Tensor, scale: float, logit_cap: float
+) -> torch.Tensor:
     """The contract of ``window_scores_headsum`` computed independently in float64 on the CPU."""
     w, Hq, D = q.shape
     Hkv = k_buffer.shape[1]
@@ -516,14 +568,20 @@ def check_window(s: Setup) -> Row:
         q = torch.randn(w, Hq, D, generator=g)
         q_pos = torch.arange(L - w, L)
         dev = s.device
-        got = window_scores_headsum(q.to(dev), k.to(dev), slots.to(dev), q_pos.to(dev), D ** -0.5, cap).cpu()
-        want = window_scores_f64(q, k, slots, q_pos, D ** -0.5, cap)
+        got = window_scores_headsum(q.to(dev), k.to(dev), slots.to(dev), q_pos.to(dev), D**-0.5, cap).cpu()
+        want = window_scores_f64(q, k, slots, q_pos, D**-0.5, cap)
         err = float((got.double() - want).abs().max())
         if got.device.type != "cpu" or not torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5):
             raise AssertionError(f"w{w} L{L} Hq{Hq} Hkv{Hkv} D{D} {dtype} cap {cap}: max abs err {err:.2e}")
         worst = max(worst, err)
-    return Row("window_scores", "ok", f"{worst:.1e}", f"max abs err vs float64 CPU, {len(shapes)} shapes "
-               f"(causal window, GQA, logit cap{', bf16 keys' if s.device == 'cuda' else ''})", data={"max_abs_err": worst})
+    return Row(
+        "window_scores",
+        "ok",
+        f"{worst:.1e}",
+        f"max abs err vs float64 CPU, {len(shapes)} shapes "
+        f"(causal window, GQA, logit cap{', bf16 keys' if s.device == 'cuda' else ''})",
+        data={"max_abs_err": worst},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -556,11 +614,16 @@ def single(name: str, fn: Callable[[Setup], Row], s: Setup) -> Iterator[Row]:
 
 def run_checks(s: Setup) -> list[Row]:
     """Every check in order, each row printed as soon as it is known (a timeout still leaves the rows so far)."""
-    stages = [single("copy_order", check_copy_order, s), single("overlap_order", check_overlap_order, s),
-              single("fence_done", check_fence, s),
-              single("reclaim_integrity", check_reclaim, s), guarded_rows("copy_time", False, time_copy_rows(s)),
-              single("triton_scores", check_triton, s), single("window_scores", check_window, s),
-              guarded_rows("scoring_cost", False, scoring_rows(s))]
+    stages = [
+        single("copy_order", check_copy_order, s),
+        single("overlap_order", check_overlap_order, s),
+        single("fence_done", check_fence, s),
+        single("reclaim_integrity", check_reclaim, s),
+        guarded_rows("copy_time", False, time_copy_rows(s)),
+        single("triton_scores", check_triton, s),
+        single("window_scores", check_window, s),
+        guarded_rows("scoring_cost", False, scoring_rows(s)),
+    ]
     rows: list[Row] = []
     for stage in stages:
         for r in stage:
@@ -603,11 +666,20 @@ def main(argv: list[str] | None = None) -> int:
     status = exit_status(rows)
     wall = time.perf_counter() - t0
     failed = [r.check for r in rows if r.result == "FAIL"]
-    print(f"{'all checks ok' if not failed else 'FAILED: ' + ', '.join(failed)}; wall {wall:.0f} s; exit {status}", flush=True)
+    print(
+        f"{'all checks ok' if not failed else 'FAILED: ' + ', '.join(failed)}; wall {wall:.0f} s; exit {status}",
+        flush=True,
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"device": args.device, "quick": args.quick, "env": describe(args.device), "wall_s": round(wall, 1),
-               "exit": status, "rows": [dataclasses.asdict(r) for r in rows]}
+        doc = {
+            "device": args.device,
+            "quick": args.quick,
+            "env": describe(args.device),
+            "wall_s": round(wall, 1),
+            "exit": status,
+            "rows": [dataclasses.asdict(r) for r in rows],
+        }
         args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return status
 

@@ -41,10 +41,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+from serve_bench import dash, decode_step_ms, finish, random_prompts  # noqa: E402
+
 from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
-
-from serve_bench import dash, decode_step_ms, random_prompts, finish  # noqa: E402
 
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
 MODES: dict[str, list[str]] = {
@@ -54,14 +54,29 @@ MODES: dict[str, list[str]] = {
     "inline": ["--enable-vtoken", *EVICT, "--vtoken-planner", "inline"],
     "worker": ["--enable-vtoken", *EVICT, "--vtoken-planner", "worker"],
 }
-COUNTERS = ("hook_ms", "decode_steps", "planner_ms", "worker_link_ms", "worker_link_cpu_ms", "copy_ms", "pages_reclaimed")
+COUNTERS = (
+    "hook_ms",
+    "decode_steps",
+    "planner_ms",
+    "worker_link_ms",
+    "worker_link_cpu_ms",
+    "copy_ms",
+    "pages_reclaimed",
+)
 
 
 def one_load(server: SglangServer, batch: list[list[int]], output_len: int) -> tuple[float, list]:
     """Send every request at once; (output tokens / wall seconds, the outputs)."""
+
     def one(ids):
-        return server.post("/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}, timeout=1800)
+        return server.post(
+            "/generate",
+            {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
+            },
+            timeout=1800,
+        )
 
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(len(batch)) as pool:
@@ -84,7 +99,11 @@ def run_modes(model: str, modes: list[str], args) -> list[dict]:
         for mode in modes:
             # SGLang's default log interval (40): vToken writes its own line beside each decode line, which at
             # interval 1 would add a metrics pass to every step that a default server does not make
-            flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "40"] + MODES[mode]
+            flags = (
+                default_server_args(max_total_tokens=args.max_total_tokens)
+                + ["--decode-log-interval", "40"]
+                + MODES[mode]
+            )
             print(f"[overhead] {mode}: starting a server ...", file=sys.stderr, flush=True)
             servers[mode] = stack.enter_context(SglangServer(model, flags))
         ids = {mode: one_load(servers[mode], batch, args.output_len)[1] for mode in modes}  # warm-up; outputs compared
@@ -92,10 +111,10 @@ def run_modes(model: str, modes: list[str], args) -> list[dict]:
         log_start = {mode: len(servers[mode].log_text()) for mode in modes}
         tputs: dict[str, list[float]] = {mode: [] for mode in modes}
         for r in range(args.repeats):
-            for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+            for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                 tputs[mode].append(one_load(servers[mode], batch, args.output_len)[0])
         after = {mode: vtoken_counters(servers[mode]) for mode in modes}
-        logs = {mode: servers[mode].log_text()[log_start[mode]:] for mode in modes}
+        logs = {mode: servers[mode].log_text()[log_start[mode] :] for mode in modes}
     return [summarize(mode, args, tputs[mode], before[mode], after[mode], logs[mode], ids[mode]) for mode in modes]
 
 
@@ -103,18 +122,27 @@ def summarize(mode: str, args, tputs: list[float], before: dict, after: dict, lo
     delta = {k: after[k] - before[k] for k in COUNTERS}
     steps_log = decode_step_ms(log)
     steps = delta["decode_steps"]
-    per_step = (lambda k: round(delta[k] / steps, 4) if steps else None)  # noqa: E731
+    per_step = lambda k: round(delta[k] / steps, 4) if steps else None  # noqa: E731
     tput = statistics.median(tputs)
     return {
-        "mode": mode, "requests": args.requests, "input_len": args.input_len, "output_len": args.output_len,
-        "repeats": args.repeats, "output_throughput": round(tput, 1), "throughputs": [round(t, 1) for t in tputs],
+        "mode": mode,
+        "requests": args.requests,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "repeats": args.repeats,
+        "output_throughput": round(tput, 1),
+        "throughputs": [round(t, 1) for t in tputs],
         "spread": round((max(tputs) - min(tputs)) / tput, 4),
         "step_ms": round(steps_log[len(steps_log) // 2], 3) if steps_log else None,
         "hook_ms_per_step": per_step("hook_ms") if mode not in ("plain", "plain_serial") else None,
-        "plan_ms_per_step": per_step("worker_link_ms" if mode == "worker" else "planner_ms") if mode in ("inline", "worker") else None,
+        "plan_ms_per_step": per_step("worker_link_ms" if mode == "worker" else "planner_ms")
+        if mode in ("inline", "worker")
+        else None,
         "plan_cpu_ms_per_step": per_step("worker_link_cpu_ms") if mode == "worker" else None,
         "copy_ms_per_step": per_step("copy_ms") if mode in ("inline", "worker") else None,
-        "pages_reclaimed": int(delta["pages_reclaimed"]), "decode_steps": int(steps), "_ids": ids,
+        "pages_reclaimed": int(delta["pages_reclaimed"]),
+        "decode_steps": int(steps),
+        "_ids": ids,
     }
 
 
@@ -135,33 +163,46 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     runs = run_modes(model, args.modes, args)
     by = {r["mode"]: r for r in runs}
-    print(f"overhead: {args.requests} requests x ({args.input_len} in, {args.output_len} out), {args.repeats} measured "
-          f"repeats after a warm-up, page 16, --max-total-tokens {args.max_total_tokens}")
-    hdr = (f"{'mode':<14}{'out_tok/s':>10}{'spread':>8}{'vs plain':>9}{'step_ms':>9}{'hook_ms/st':>11}{'plan_ms/st':>11}"
-           f"{'plan_cpu/st':>12}{'copy_ms/st':>11}{'reclaimed':>10}")
+    print(
+        f"overhead: {args.requests} requests x ({args.input_len} in, {args.output_len} out), {args.repeats} measured "
+        f"repeats after a warm-up, page 16, --max-total-tokens {args.max_total_tokens}"
+    )
+    hdr = (
+        f"{'mode':<14}{'out_tok/s':>10}{'spread':>8}{'vs plain':>9}{'step_ms':>9}{'hook_ms/st':>11}{'plan_ms/st':>11}"
+        f"{'plan_cpu/st':>12}{'copy_ms/st':>11}{'reclaimed':>10}"
+    )
     print(hdr)
     print("-" * len(hdr))
     base = by.get("plain")
     for r in runs:
         rel = r["output_throughput"] / base["output_throughput"] if base else None
         r["vs_plain"] = round(rel, 4) if rel is not None else None
-        print(f"{r['mode']:<14}{r['output_throughput']:>10.1f}{r['spread']:>8.1%}{dash(rel, '.3f'):>9}{dash(r['step_ms'], '.2f'):>9}"
-              f"{dash(r['hook_ms_per_step'], '.3f'):>11}{dash(r['plan_ms_per_step'], '.3f'):>11}"
-              f"{dash(r['plan_cpu_ms_per_step'], '.3f'):>12}"
-              f"{dash(r['copy_ms_per_step'], '.3f'):>11}{r['pages_reclaimed']:>10}")
+        print(
+            f"{r['mode']:<14}{r['output_throughput']:>10.1f}{r['spread']:>8.1%}{dash(rel, '.3f'):>9}"
+            f"{dash(r['step_ms'], '.2f'):>9}"
+            f"{dash(r['hook_ms_per_step'], '.3f'):>11}{dash(r['plan_ms_per_step'], '.3f'):>11}"
+            f"{dash(r['plan_cpu_ms_per_step'], '.3f'):>12}"
+            f"{dash(r['copy_ms_per_step'], '.3f'):>11}{r['pages_reclaimed']:>10}"
+        )
     if "inline" in by and "worker" in by:
         print(f"inline and worker outputs identical: {'yes' if by['inline']['_ids'] == by['worker']['_ids'] else 'NO'}")
     if base and "hooks" in by:
         h = by["hooks"]
         loss = 1 - h["output_throughput"] / base["output_throughput"]
         direct = h["hook_ms_per_step"] / h["step_ms"] if h["step_ms"] and h["hook_ms_per_step"] is not None else None
-        print(f"hooks only: throughput {loss:+.1%} below plain (spread {max(h['spread'], base['spread']):.1%}); time in hooks "
-              f"{dash(direct, '.2%')} of a decode step; target < 1%: {'met' if direct is not None and direct < 0.01 else 'MISSED'} "
-              f"(by the direct figure)")
+        print(
+            f"hooks only: throughput {loss:+.1%} below plain (spread {max(h['spread'], base['spread']):.1%}); time "
+            "in hooks "
+            f"{dash(direct, '.2%')} of a decode step; target < 1%: "
+            f"{'met' if direct is not None and direct < 0.01 else 'MISSED'} "
+            f"(by the direct figure)"
+        )
     if "worker" in by:
         w, cpu = by["worker"]["plan_ms_per_step"], by["worker"]["plan_cpu_ms_per_step"]
-        print(f"worker: planning inside the scheduler loop {dash(w, '.3f')} ms per decode step ({dash(cpu, '.3f')} ms of "
-              f"it on the CPU); target < 0.2 ms: {'met' if w is not None and w < 0.2 else 'MISSED'} (by the wall time)")
+        print(
+            f"worker: planning inside the scheduler loop {dash(w, '.3f')} ms per decode step ({dash(cpu, '.3f')} ms of "
+            f"it on the CPU); target < 0.2 ms: {'met' if w is not None and w < 0.2 else 'MISSED'} (by the wall time)"
+        )
     return finish(t0, runs, args.json)
 
 

@@ -42,12 +42,27 @@ PRODUCERS = {
     SLA: "benchmark/sla_throughput.py --quick --json",
     SHARED: "benchmark/serve_capacity.py --shared-prefix --quick --json",
 }
-LABEL = {"plain": "plain SGLang", "naive": "Naive-Evict", "vtoken": "vToken",
-         "no-cow": "vToken, no copy-on-write", "cow": "vToken + copy-on-write"}
-COLOR = {"plain": "tab:gray", "naive": "tab:orange", "vtoken": "tab:blue", "no-cow": "tab:cyan", "cow": "tab:blue",
-         "lower_bound": "0.75"}
+LABEL = {
+    "plain": "plain SGLang",
+    "naive": "Naive-Evict",
+    "vtoken": "vToken",
+    "no-cow": "vToken, no copy-on-write",
+    "cow": "vToken + copy-on-write",
+}
+COLOR = {
+    "plain": "tab:gray",
+    "naive": "tab:orange",
+    "vtoken": "tab:blue",
+    "no-cow": "tab:cyan",
+    "cow": "tab:blue",
+    "lower_bound": "0.75",
+}
 DPI = 120
-RATE_LABEL = {"plain": ((6, -3), "left"), "naive": ((0, -12), "center"), "vtoken": ((-4, 6), "right")}  # offset (points), align
+RATE_LABEL = {
+    "plain": ((6, -3), "left"),
+    "naive": ((0, -12), "center"),
+    "vtoken": ((-4, 6), "right"),
+}  # offset (points), align
 
 
 class InputError(RuntimeError):
@@ -82,8 +97,10 @@ def save(fig: Figure, out: Path, name: str) -> Path:
 def sim_caption(data: dict) -> str:
     s = data["setting"]
     page = data["runs"][0]["page_size"]
-    return (f"reclaim_sim (simulator on the vToken core): {s['requests']} requests x {s['context']} tokens,\n"
-            f"decode {s['decode']}, page {page}, theta {s['theta']}")
+    return (
+        f"reclaim_sim (simulator on the vToken core): {s['requests']} requests x {s['context']} tokens,\n"
+        f"decode {s['decode']}, page {page}, theta {s['theta']}"
+    )
 
 
 def page_utilization(data: dict, out: Path, policy: str) -> Path:
@@ -91,7 +108,9 @@ def page_utilization(data: dict, out: Path, policy: str) -> Path:
     if not memory:
         raise InputError(f"plots: {RECLAIM} has no memory run for policy {policy!r}")
     if any("page_live_hist" not in r for r in memory):
-        raise InputError(f"plots: the memory runs in {RECLAIM} have no page_live_hist; re-run .venv/bin/python {PRODUCERS[RECLAIM]}")
+        raise InputError(
+            f"plots: the memory runs in {RECLAIM} have no page_live_hist; re-run .venv/bin/python {PRODUCERS[RECLAIM]}"
+        )
     ratios = ordered(r["evict_ratio"] for r in memory)
     fig, axes = plt.subplots(1, len(ratios), figsize=(4.6 * len(ratios), 4.0), sharey=True, squeeze=False)
     for ax, ratio in zip(axes[0], ratios):
@@ -102,8 +121,9 @@ def page_utilization(data: dict, out: Path, policy: str) -> Path:
             pages = sum(hist)
             util = sum(i * c for i, c in enumerate(hist)) / max(pages * rec["page_size"], 1)
             xs = [i + (k - 0.5) * width for i in range(len(hist))]
-            ax.bar(xs, hist, width=width, color=COLOR[mode],
-                   label=f"{LABEL[mode]}: {pages} pages, utilization {util:.0%}")
+            ax.bar(
+                xs, hist, width=width, color=COLOR[mode], label=f"{LABEL[mode]}: {pages} pages, utilization {util:.0%}"
+            )
         ax.set_title(f"evict ratio {ratio:g}")
         ax.set_xlabel(f"live tokens in the page (of {memory[0]['page_size']})")
         ax.set_xticks(range(0, memory[0]["page_size"] + 1, 2))
@@ -135,8 +155,15 @@ def retained_pages(data: dict, out: Path) -> Path:
                 if recs:
                     xs.append(i + (k - 1) * width)
                     ys.append(value(recs[0]) / recs[0]["requests"])
-            ax.bar(xs, ys, width=width, color=COLOR[key], label=label,
-                   hatch="//" if key == "lower_bound" else None, edgecolor="0.4" if key == "lower_bound" else None)
+            ax.bar(
+                xs,
+                ys,
+                width=width,
+                color=COLOR[key],
+                label=label,
+                hatch="//" if key == "lower_bound" else None,
+                edgecolor="0.4" if key == "lower_bound" else None,
+            )
         ax.set_title(f"evict ratio {ratio:g}")
         ax.set_xticks(range(len(policies)), policies, rotation=30)
         ax.grid(axis="y", alpha=0.3)
@@ -172,7 +199,9 @@ def capacity_frontier(data: dict, out: Path) -> Path:
         ax.legend(fontsize=8, loc="upper left")
     axes[0][0].set_ylabel("concurrent requests that run to the end")
     axes[0][0].set_ylim(bottom=0)  # shared: after every panel is drawn
-    fig.suptitle(f"Capacity frontier (chunked prefill {data['setting']['chunk']}, then decode)\n{sim_caption(data)}", fontsize=10)
+    fig.suptitle(
+        f"Capacity frontier (chunked prefill {data['setting']['chunk']}, then decode)\n{sim_caption(data)}", fontsize=10
+    )
     fig.tight_layout()
     return save(fig, out, "capacity_frontier.png")
 
@@ -187,19 +216,37 @@ def throughput_latency(data: dict, out: Path) -> Path:
         name = LABEL.get(r["mode"], r["mode"]) + ("" if r["mode"] == "plain" else f" ({r['policy']})")
         xs = [p["p95_latency_s"] for p in r["points"]]
         ys = [p["output_throughput"] for p in r["points"]]
-        ax.plot(xs, ys, marker="o", linestyle=style, color=COLOR.get(r["mode"]),
-                label=f"{name}: SLA throughput {r['sla_throughput']:.0f} tok/s")
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            linestyle=style,
+            color=COLOR.get(r["mode"]),
+            label=f"{name}: SLA throughput {r['sla_throughput']:.0f} tok/s",
+        )
         offset, align = RATE_LABEL.get(r["mode"], ((4, 5), "left"))
         for p in r["points"]:
-            ax.annotate(f"r={p['rate']:g}", (p["p95_latency_s"], p["output_throughput"]), textcoords="offset points",
-                        xytext=offset, ha=align, fontsize=7, color=COLOR.get(r["mode"]))
+            ax.annotate(
+                f"r={p['rate']:g}",
+                (p["p95_latency_s"], p["output_throughput"]),
+                textcoords="offset points",
+                xytext=offset,
+                ha=align,
+                fontsize=7,
+                color=COLOR.get(r["mode"]),
+            )
     slas = []
     for policy in policies:
         naive = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
         slas.append(naive["sla_latency_s"])
-        ax.axvline(naive["sla_latency_s"], color="tab:red", linestyle=styles[policies.index(policy) % len(styles)], linewidth=1,
-                   label=f"SLA ({policy}): p95 <= {naive['sla_latency_s']:.2f} s "
-                         f"(1.05 x Naive-Evict at rate {naive['saturation_rate']:g})")
+        ax.axvline(
+            naive["sla_latency_s"],
+            color="tab:red",
+            linestyle=styles[policies.index(policy) % len(styles)],
+            linewidth=1,
+            label=f"SLA ({policy}): p95 <= {naive['sla_latency_s']:.2f} s "
+            f"(1.05 x Naive-Evict at rate {naive['saturation_rate']:g})",
+        )
     right = 1.06 * max(slas + [p["p95_latency_s"] for r in runs for p in r["points"]])
     if slas:
         ax.axvspan(min(slas), right, color="tab:red", alpha=0.06)
@@ -207,9 +254,12 @@ def throughput_latency(data: dict, out: Path) -> Path:
     first = runs[0]
     ax.set_xlabel("p95 end-to-end latency (s)")
     ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title(f"Throughput vs latency, real SGLang servers (CPU, tiny model)\n{first['requests']} requests per rate x "
-                 f"({first['input_len']} in, {first['output_len']} out), --max-total-tokens {first['max_total_tokens']}; "
-                 "r = request rate (req/s)", fontsize=9)
+    ax.set_title(
+        f"Throughput vs latency, real SGLang servers (CPU, tiny model)\n{first['requests']} requests per rate x "
+        f"({first['input_len']} in, {first['output_len']} out), --max-total-tokens {first['max_total_tokens']}; "
+        "r = request rate (req/s)",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2)
     return save(fig, out, "throughput_latency.png")
@@ -219,12 +269,20 @@ def shared_prefix_pages(data: dict, out: Path) -> Path:
     runs = data["runs"]
     modes = ordered(r["mode"] for r in runs)
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
-    for ax, field, title in ((axes[0], "mean_held_pages", "mean over the load's steps"),
-                             (axes[1], "peak_held_pages", "peak")):
+    for ax, field, title in (
+        (axes[0], "mean_held_pages", "mean over the load's steps"),
+        (axes[1], "peak_held_pages", "peak"),
+    ):
         for mode in modes:
             recs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["degree"])
-            ax.plot([r["degree"] for r in recs], [r[field] for r in recs], marker="o", color=COLOR.get(mode),
-                    linestyle="--" if mode == "no-cow" else "-", label=LABEL.get(mode, mode))
+            ax.plot(
+                [r["degree"] for r in recs],
+                [r[field] for r in recs],
+                marker="o",
+                color=COLOR.get(mode),
+                linestyle="--" if mode == "no-cow" else "-",
+                label=LABEL.get(mode, mode),
+            )
         ax.set_xscale("log", base=2)
         degrees = ordered(r["degree"] for r in runs)
         ax.set_xticks(degrees, [str(d) for d in degrees])
@@ -235,9 +293,12 @@ def shared_prefix_pages(data: dict, out: Path) -> Path:
     axes[0].set_ylim(bottom=0)  # shared: after both panels are drawn
     axes[0].legend(fontsize=8)
     r = runs[0]
-    fig.suptitle(f"Shared-prefix pages held, real SGLang servers (CPU, tiny model)\n{r['requests']} requests, system prompt "
-                 f"{r['system_len']} + question {r['question_len']} ids, {r['output_len']} out, {r['policy']} "
-                 f"budget ratio {r['budget_ratio']:g}", fontsize=9)
+    fig.suptitle(
+        f"Shared-prefix pages held, real SGLang servers (CPU, tiny model)\n{r['requests']} requests, system prompt "
+        f"{r['system_len']} + question {r['question_len']} ids, {r['output_len']} out, {r['policy']} "
+        f"budget ratio {r['budget_ratio']:g}",
+        fontsize=9,
+    )
     fig.tight_layout()
     return save(fig, out, "shared_prefix_pages.png")
 

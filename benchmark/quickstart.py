@@ -24,10 +24,35 @@ from vtoken_sglang.tiny_model import build  # noqa: E402
 
 
 def run_load(url: str, model: str, num_prompts: int, input_len: int, output_len: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url, "--model", model,
-           "--tokenizer", model, "--dataset-name", "random-ids", "--num-prompts", str(num_prompts),
-           "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--random-range-ratio", "0.5",
-           "--request-rate", "inf", "--seed", "1", "--output-file", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--tokenizer",
+        model,
+        "--dataset-name",
+        "random-ids",
+        "--num-prompts",
+        str(num_prompts),
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--random-range-ratio",
+        "0.5",
+        "--request-rate",
+        "inf",
+        "--seed",
+        "1",
+        "--output-file",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, env=cpu_env({"PYTHONWARNINGS": "ignore"}), stdout=subprocess.DEVNULL)
     return json.loads(out.read_text().strip().splitlines()[-1])
 
@@ -47,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     flags = default_server_args(page_size=None) + ["--enable-vtoken", *args.server_flags]
     with SglangServer(model, flags) as server, tempfile.TemporaryDirectory() as tmp:
         print(f"server: {server.url} (started in {time.monotonic() - t0:.0f} s; log {server.log_path})", flush=True)
-        bench = run_load(server.url, model, args.num_prompts, args.input_len, args.output_len, Path(tmp) / "bench.jsonl")
+        bench = run_load(
+            server.url, model, args.num_prompts, args.input_len, args.output_len, Path(tmp) / "bench.jsonl"
+        )
         info = server.get("/get_server_info")
-        vtoken_line = next((ln.split("[vtoken] ", 1)[1] for ln in server.log_text().splitlines() if "[vtoken] scheduler" in ln), "?")
+        vtoken_line = next(
+            (ln.split("[vtoken] ", 1)[1] for ln in server.log_text().splitlines() if "[vtoken] scheduler" in ln), "?"
+        )
     summary = {
         "vtoken": vtoken_line,
         "page_size": info["page_size"],

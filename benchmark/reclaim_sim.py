@@ -68,7 +68,9 @@ class Setting:
     seed: int = 0
 
 
-def synthetic_attention(rows: torch.Tensor, logical: torch.Tensor, valid: torch.Tensor, logical_len: torch.Tensor, step: int) -> torch.Tensor:
+def synthetic_attention(
+    rows: torch.Tensor, logical: torch.Tensor, valid: torch.Tensor, logical_len: torch.Tensor, step: int
+) -> torch.Tensor:
     u = (mix_hash(12345, rows, logical).to(torch.float64) + 1) / float(1 << 62)
     w = u.clamp(min=1e-12).pow(-1 / 1.2)
     noise = (mix_hash(777 + step, rows, logical).to(torch.float64) / float(1 << 62)) * 2 - 1
@@ -83,7 +85,10 @@ class Sim:
     def __init__(self, s: Setting, policy: str, evict_ratio: float, mode: str, num_pages: int, rows: int):
         self.s, self.mode = s, mode
         self.pool = PagePool(num_pages, PAGE, reserve=s.reserve if mode == "vtoken" else 0)
-        self.policy = make_policy(policy, PolicyConfig(budget_ratio=1 - evict_ratio, sinks=s.sinks, recent=s.recent, slack=s.slack, seed=s.seed))
+        self.policy = make_policy(
+            policy,
+            PolicyConfig(budget_ratio=1 - evict_ratio, sinks=s.sinks, recent=s.recent, slack=s.slack, seed=s.seed),
+        )
         self.table = TokenTable(rows, s.context + s.decode + 8, self.pool, state_names=self.policy.state_names)
         kv = [torch.zeros((num_pages + 1) * PAGE, 2, dtype=torch.float16) for _ in range(2)]
         # relocation leaves the engine one step of allocations: a page per request (decode) and a prefill chunk
@@ -91,8 +96,16 @@ class Sim:
         # and compacts regardless of theta once free pages fall to that level (the low watermark)
         # The simulated engine is synchronous (no forward in flight reads the old rows), so sources are freed
         # right after their copy (grace 0); SGLang's overlap scheduler needs grace 1 (see the integration).
-        self.reclaimer = Reclaimer(self.table, CpuCopyEngine(kv), theta=s.theta, enabled=mode == "vtoken", keep_free=keep,
-                                   low_watermark=keep, grace_steps=0, max_rounds=s.rounds)
+        self.reclaimer = Reclaimer(
+            self.table,
+            CpuCopyEngine(kv),
+            theta=s.theta,
+            enabled=mode == "vtoken",
+            keep_free=keep,
+            low_watermark=keep,
+            grace_steps=0,
+            max_rounds=s.rounds,
+        )
         self.f_samples: list[float] = []
         self.step_no = 0
 
@@ -105,7 +118,9 @@ class Sim:
         t = self.table
         width = int(t.live_len[rows].max())
         valid = torch.arange(width)[None, :] < t.live_len[rows][:, None]
-        attn = synthetic_attention(rows.to(torch.int64), t.logical[rows, :width].to(torch.int64), valid, t.logical_len[rows], self.step_no)
+        attn = synthetic_attention(
+            rows.to(torch.int64), t.logical[rows, :width].to(torch.int64), valid, t.logical_len[rows], self.step_no
+        )
         self.policy.observe(t, rows, attn, prefill=prefill)
 
     def evict_and_reclaim(self, rows: torch.Tensor) -> None:
@@ -137,8 +152,15 @@ def memory_run(s: Setting, policy: str, ratio: float, mode: str) -> dict:
     sim.reclaimer.release_ready(force=True)
     samples = sim.reclaimer.planner_ms_samples
     return {
-        "scenario": "memory", "policy": policy, "evict_ratio": ratio, "page_size": PAGE, "mode": mode,
-        "requests": s.requests, "context": s.context, "decode": s.decode, "theta": s.theta,
+        "scenario": "memory",
+        "policy": policy,
+        "evict_ratio": ratio,
+        "page_size": PAGE,
+        "mode": mode,
+        "requests": s.requests,
+        "context": s.context,
+        "decode": s.decode,
+        "theta": s.theta,
         "mean_F": round(statistics.fmean(sim.f_samples), 4) if sim.f_samples else 0.0,
         "final_F": round(sim.pool.fragmentation(), 4),
         "pages": sim.pool.used_pages(),
@@ -200,9 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     cap_budget = round(PAPER_BUDGETS[0] * scale)
     t0 = time.monotonic()
     runs = []
-    print(f"reclaim_sim: {s.requests} requests x {s.context} tokens, page {PAGE}, decode {s.decode}, theta {s.theta}, "
-          f"capacity at {cap_budget} pages{' (quick)' if args.quick else ''}", flush=True)
-    hdr = f"{'policy':<13}{'ratio':>6} {'mode':<7}{'mean_F':>8}{'pages':>8}{'lower_bd':>9}{'pages/lb':>9}{'capacity':>9}{'plan_ms':>8}"
+    print(
+        f"reclaim_sim: {s.requests} requests x {s.context} tokens, page {PAGE}, decode {s.decode}, theta {s.theta}, "
+        f"capacity at {cap_budget} pages{' (quick)' if args.quick else ''}",
+        flush=True,
+    )
+    hdr = (
+        f"{'policy':<13}{'ratio':>6} {'mode':<7}{'mean_F':>8}{'pages':>8}{'lower_bd':>9}"
+        f"{'pages/lb':>9}{'capacity':>9}{'plan_ms':>8}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for policy in args.policies:
@@ -212,8 +240,13 @@ def main(argv: list[str] | None = None) -> int:
                 rec["page_budget"] = cap_budget
                 rec["capacity"] = capacity(s, policy, ratio, mode, cap_budget)
                 runs.append(rec)
-                print(f"{policy:<13}{ratio:>6.1f} {mode:<7}{rec['mean_F']:>8.3f}{rec['pages']:>8}{rec['lower_bound_pages']:>9}"
-                      f"{rec['pages'] / max(rec['lower_bound_pages'], 1):>9.3f}{rec['capacity']:>9}{rec['planner_ms_p50']:>8.2f}", flush=True)
+                print(
+                    f"{policy:<13}{ratio:>6.1f} "
+                    f"{mode:<7}{rec['mean_F']:>8.3f}{rec['pages']:>8}{rec['lower_bound_pages']:>9}"
+                    f"{rec['pages'] / max(rec['lower_bound_pages'], 1):>9.3f}{rec['capacity']:>9}"
+                    f"{rec['planner_ms_p50']:>8.2f}",
+                    flush=True,
+                )
     print("\ncapacity frontier (evict ratio 0.5)")
     print(f"{'policy':<13}{'budget':>8}{'naive':>7}{'vtoken':>7}{'gain':>7}{'ideal':>7}")
     for policy in [p for p in ("random", "scissorhands") if p in args.policies]:
@@ -222,20 +255,48 @@ def main(argv: list[str] | None = None) -> int:
             caps = {}
             for mode in ("naive", "vtoken"):
                 caps[mode] = capacity(s, policy, 0.5, mode, budget)
-                runs.append({"scenario": "frontier", "policy": policy, "evict_ratio": 0.5, "page_size": PAGE, "mode": mode,
-                             "page_budget": budget, "capacity": caps[mode], "context": s.context, "decode": s.decode})
-            print(f"{policy:<13}{budget:>8}{caps['naive']:>7}{caps['vtoken']:>7}{caps['vtoken'] / max(caps['naive'], 1):>7.2f}{2.0:>7.2f}", flush=True)
-    print("\nsummary vs targets (vToken): mean_F <= 0.05; pages <= 1.05 x lower bound + 1 per request; capacity gain >= 0.9 x 1/(1-ratio) for random and scissorhands")
+                runs.append(
+                    {
+                        "scenario": "frontier",
+                        "policy": policy,
+                        "evict_ratio": 0.5,
+                        "page_size": PAGE,
+                        "mode": mode,
+                        "page_budget": budget,
+                        "capacity": caps[mode],
+                        "context": s.context,
+                        "decode": s.decode,
+                    }
+                )
+            print(
+                f"{policy:<13}{budget:>8}{caps['naive']:>7}{caps['vtoken']:>7}"
+                f"{caps['vtoken'] / max(caps['naive'], 1):>7.2f}{2.0:>7.2f}",
+                flush=True,
+            )
+    print(
+        "\nsummary vs targets (vToken): mean_F <= 0.05; pages <= 1.05 x lower bound + 1 per request; capacity gain "
+        ">= 0.9 x 1/(1-ratio) for random and scissorhands"
+    )
     for rec in (r for r in runs if r["scenario"] == "memory" and r["mode"] == "vtoken"):
-        naive = next(r for r in runs if r["scenario"] == "memory" and r["mode"] == "naive" and r["policy"] == rec["policy"] and r["evict_ratio"] == rec["evict_ratio"])
+        naive = next(
+            r
+            for r in runs
+            if r["scenario"] == "memory"
+            and r["mode"] == "naive"
+            and r["policy"] == rec["policy"]
+            and r["evict_ratio"] == rec["evict_ratio"]
+        )
         gain = rec["capacity"] / max(naive["capacity"], 1)
         ideal = 1 / (1 - rec["evict_ratio"])
         ok_f = rec["mean_F"] <= 0.05
         ok_p = rec["pages"] <= 1.05 * rec["lower_bound_pages"] + rec["requests"]
         ok_c = gain >= 0.9 * ideal if rec["policy"] in ("random", "scissorhands") else None
         rec["capacity_gain"] = round(gain, 3)
-        print(f"  {rec['policy']:<13}{rec['evict_ratio']:.1f}  F {'ok ' if ok_f else 'MISS'}  pages {'ok ' if ok_p else 'MISS'}  "
-              f"capacity x{gain:.2f} (ideal {ideal:.2f}) {'' if ok_c is None else ('ok' if ok_c else 'MISS')}")
+        print(
+            f"  {rec['policy']:<13}{rec['evict_ratio']:.1f}  F {'ok ' if ok_f else 'MISS'}  pages "
+            f"{'ok ' if ok_p else 'MISS'}  "
+            f"capacity x{gain:.2f} (ideal {ideal:.2f}) {'' if ok_c is None else ('ok' if ok_c else 'MISS')}"
+        )
     print(f"\nwall {time.monotonic() - t0:.1f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

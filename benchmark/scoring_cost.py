@@ -40,7 +40,8 @@ def decode_attention(q, k_pool, v_pool, slots, live_len, scale):
     k = k_pool[idx].transpose(1, 2)  # [B, Hkv, W, D]
     v = v_pool[idx].transpose(1, 2)
     return torch.nn.functional.scaled_dot_product_attention(
-        q[:, :, None, :], k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
+        q[:, :, None, :], k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
+    )
 
 
 def timed(fn, repeats: int, device: str) -> float:
@@ -66,17 +67,29 @@ def run_shape(B: int, L: int, Hq: int, Hkv: int, D: int, device: str, repeats: i
     slots = torch.randperm(pool_slots, generator=g)[: B * L].view(B, L).sort(1).values.to(device)
     live = torch.randint(L // 2, L + 1, (B,), generator=g).to(device)
     q = torch.randn(B, Hq, D, generator=g).to(device)
-    scale = D ** -0.5
+    scale = D**-0.5
     attn_ms = timed(lambda: decode_attention(q, k_pool, v_pool, slots, live, scale), repeats, device)
     score_ms = timed(lambda: decode_scores_headsum(q, k_pool, slots, live, scale), repeats, device)
     triton_ms = None
     if device == "cuda":
         from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
 
-        triton_ms = round(timed(lambda: decode_scores_headsum_triton(q, k_pool, slots, live, scale), repeats, device), 3)
+        triton_ms = round(
+            timed(lambda: decode_scores_headsum_triton(q, k_pool, slots, live, scale), repeats, device), 3
+        )
     used_ms = triton_ms if triton_ms is not None else score_ms  # what the server runs on this device
-    return {"triton_ms": triton_ms, "batch": B, "live_tokens": L, "q_heads": Hq, "kv_heads": Hkv, "head_dim": D, "device": device,
-            "attn_ms": round(attn_ms, 3), "score_ms": round(score_ms, 3), "ratio": round(used_ms / attn_ms, 2)}
+    return {
+        "triton_ms": triton_ms,
+        "batch": B,
+        "live_tokens": L,
+        "q_heads": Hq,
+        "kv_heads": Hkv,
+        "head_dim": D,
+        "device": device,
+        "attn_ms": round(attn_ms, 3),
+        "score_ms": round(score_ms, 3),
+        "ratio": round(used_ms / attn_ms, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,18 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
     rows = [run_shape(*shape, args.device, args.repeats) for shape in (SHAPES_QUICK if args.quick else SHAPES_FULL)]
-    print(f"scoring_cost on {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; per layer, median of {args.repeats}")
+    print(
+        f"scoring_cost on {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; per layer, "
+        f"median of {args.repeats}"
+    )
     tri = any(r["triton_ms"] is not None for r in rows)
-    hdr = f"{'batch':>6}{'live':>6}{'Hq':>4}{'Hkv':>4}{'D':>5}{'attn_ms':>9}{'score_ms':>9}{'triton_ms' if tri else '':>{10 if tri else 0}}{'ratio':>7}"
+    triton_col = f"{'triton_ms' if tri else '':>{10 if tri else 0}}"
+    hdr = f"{'batch':>6}{'live':>6}{'Hq':>4}{'Hkv':>4}{'D':>5}{'attn_ms':>9}{'score_ms':>9}{triton_col}{'ratio':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         triton_col = f"{r['triton_ms']:>10.3f}" if tri else ""
-        print(f"{r['batch']:>6}{r['live_tokens']:>6}{r['q_heads']:>4}{r['kv_heads']:>4}{r['head_dim']:>5}"
-              f"{r['attn_ms']:>9.3f}{r['score_ms']:>9.3f}{triton_col}{r['ratio']:>7.2f}")
+        print(
+            f"{r['batch']:>6}{r['live_tokens']:>6}{r['q_heads']:>4}{r['kv_heads']:>4}{r['head_dim']:>5}"
+            f"{r['attn_ms']:>9.3f}{r['score_ms']:>9.3f}{triton_col}{r['ratio']:>7.2f}"
+        )
     worst = max(r["ratio"] for r in rows)
-    print(f"target ratio <= 1 (scores every step): {'met' if worst <= 1.0 else 'MISSED'} (worst ratio {worst:.2f}); "
-          "every k steps divides the cost by k")
+    print(
+        f"target ratio <= 1 (scores every step): {'met' if worst <= 1.0 else 'MISSED'} (worst ratio {worst:.2f}); "
+        "every k steps divides the cost by k"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"runs": rows}, indent=1) + "\n")

@@ -31,7 +31,9 @@ def dash(value: float | int | None, fmt: str) -> str:
 def write_runs_json(path: Path, runs: list[dict]) -> None:
     """``{"runs": [...]}`` without the private (``_``-prefixed) fields."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n")
+    path.write_text(
+        json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n"
+    )
 
 
 def finish(t0: float, runs: list[dict], json_path: Path | None) -> int:

@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+from serve_bench import dash, decode_step_ms, finish, random_prompts  # noqa: E402
+
 from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
-
-from serve_bench import dash, decode_step_ms, random_prompts, finish  # noqa: E402
 
 PAGE = 16
 RUNNING = re.compile(r"#running-req: (\d+)")
@@ -60,8 +60,14 @@ USAGE = re.compile(r"token usage: ([0-9.]+)")
 def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) -> dict:
     def one(ids):
         t0 = time.monotonic()
-        out = server.post("/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}, timeout=1800)
+        out = server.post(
+            "/generate",
+            {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
+            },
+            timeout=1800,
+        )
         return out, time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -81,8 +87,17 @@ def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) ->
 def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, every: int = 1) -> dict:
     flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"]
     if mode != "plain":
-        flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(ratio),
-                  "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
+        flags += [
+            "--enable-vtoken",
+            "--vtoken-policy",
+            policy,
+            "--vtoken-budget-ratio",
+            str(ratio),
+            "--vtoken-recent",
+            "16",
+            "--vtoken-reclaim",
+            "on" if mode == "vtoken" else "off",
+        ]
         if policy in SCORE_POLICIES and policy != "snapkv":
             flags += ["--vtoken-score-every", str(every)]
     print(f"[serve_capacity] {mode} {policy or ''}: starting a server ...", file=sys.stderr, flush=True)
@@ -96,21 +111,32 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
     steps = decode_step_ms(log)
     vt = info.get("vtoken") or {}
     return {
-        "mode": mode, "policy": policy or "none", "budget_ratio": ratio if mode != "plain" else 1.0,
+        "mode": mode,
+        "policy": policy or "none",
+        "budget_ratio": ratio if mode != "plain" else 1.0,
         "score_every": every if policy in SCORE_POLICIES and policy != "snapkv" else None,
         "step_ms": round(steps[len(steps) // 2], 2) if steps else None,
         "score_ms": round(vt["scoring_ms"] / len(steps), 3) if "scoring_ms" in vt and steps else None,
-        "max_total_tokens": args.max_total_tokens, "requests": args.requests, "input_len": args.input_len,
+        "max_total_tokens": args.max_total_tokens,
+        "requests": args.requests,
+        "input_len": args.input_len,
         "output_len": args.output_len,
         "max_running_requests": max(running, default=0),
         "retractions": load["retractions"],
         "peak_allocated_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
-        "output_throughput": load["output_throughput"], "p95_latency_s": load["p95_latency_s"], "wall_s": load["wall_s"],
-        "vtoken": info.get("vtoken"), "_ids": load["ids"],
+        "output_throughput": load["output_throughput"],
+        "p95_latency_s": load["p95_latency_s"],
+        "wall_s": load["wall_s"],
+        "vtoken": info.get("vtoken"),
+        "_ids": load["ids"],
     }
 
 
-SHARED_MODES = (("naive", ["--vtoken-reclaim", "off"]), ("no-cow", ["--vtoken-cow", "off"]), ("cow", ["--vtoken-cow", "on"]))
+SHARED_MODES = (
+    ("naive", ["--vtoken-reclaim", "off"]),
+    ("no-cow", ["--vtoken-cow", "off"]),
+    ("cow", ["--vtoken-cow", "on"]),
+)
 
 
 def shared_prefix_prompts(requests: int, degree: int, system_len: int, question_len: int, seed: int) -> list[list[int]]:
@@ -128,28 +154,53 @@ def run_shared_prefix(model: str, args) -> list[dict]:
     back), peak running requests, and the greedy tokens (compared across modes)."""
     runs = []
     for mode, extra in SHARED_MODES:
-        flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"] + [
-            "--enable-vtoken", "--vtoken-policy", args.policies[0], "--vtoken-budget-ratio", str(args.budget_ratio),
-            "--vtoken-recent", "16"] + extra
+        flags = (
+            default_server_args(max_total_tokens=args.max_total_tokens)
+            + ["--decode-log-interval", "1"]
+            + [
+                "--enable-vtoken",
+                "--vtoken-policy",
+                args.policies[0],
+                "--vtoken-budget-ratio",
+                str(args.budget_ratio),
+                "--vtoken-recent",
+                "16",
+            ]
+            + extra
+        )
         print(f"[serve_capacity] shared prefix, {mode}: starting a server ...", file=sys.stderr, flush=True)
         with SglangServer(model, flags) as server:
             for degree in args.degrees:
                 start = len(server.log_text())
-                prompts = shared_prefix_prompts(args.requests, degree, args.system_len, args.input_len, seed=100 * degree)
+                prompts = shared_prefix_prompts(
+                    args.requests, degree, args.system_len, args.input_len, seed=100 * degree
+                )
                 load = run_load(server, prompts, args.output_len)
                 time.sleep(1)
                 log = server.log_text()[start:]
                 vt = server.get("/get_server_info")["internal_states"][0]["vtoken"]
                 usage = [float(m) for m in USAGE.findall(log)]
-                runs.append({"mode": mode, "policy": args.policies[0], "budget_ratio": args.budget_ratio, "degree": degree,
-                             "requests": args.requests, "system_len": args.system_len, "question_len": args.input_len,
-                             "output_len": args.output_len, "max_total_tokens": args.max_total_tokens,
-                             "max_running_requests": max((int(m) for m in RUNNING.findall(log)), default=0),
-                             "peak_held_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
-                             "mean_held_pages": round(sum(usage) / max(len(usage), 1) * args.max_total_tokens / PAGE, 1),
-                             "retractions": load["retractions"], "output_throughput": load["output_throughput"],
-                             "cow_copies": vt.get("cow_copies"), "cow_pages_released": vt.get("cow_pages_released"),
-                             "_ids": load["ids"]})
+                runs.append(
+                    {
+                        "mode": mode,
+                        "policy": args.policies[0],
+                        "budget_ratio": args.budget_ratio,
+                        "degree": degree,
+                        "requests": args.requests,
+                        "system_len": args.system_len,
+                        "question_len": args.input_len,
+                        "output_len": args.output_len,
+                        "max_total_tokens": args.max_total_tokens,
+                        "max_running_requests": max((int(m) for m in RUNNING.findall(log)), default=0),
+                        "peak_held_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
+                        "mean_held_pages": round(sum(usage) / max(len(usage), 1) * args.max_total_tokens / PAGE, 1),
+                        "retractions": load["retractions"],
+                        "output_throughput": load["output_throughput"],
+                        "cow_copies": vt.get("cow_copies"),
+                        "cow_pages_released": vt.get("cow_pages_released"),
+                        "_ids": load["ids"],
+                    }
+                )
     for r in runs:
         base = next(b for b in runs if b["mode"] == "naive" and b["degree"] == r["degree"])
         r["identical_to_naive"] = r["_ids"] == base["_ids"]
@@ -157,26 +208,36 @@ def run_shared_prefix(model: str, args) -> list[dict]:
 
 
 def print_shared_prefix(runs: list[dict], args) -> None:
-    print(f"serve_capacity --shared-prefix: {args.requests} requests, system prompt {args.system_len} + question "
-          f"{args.input_len} ids, {args.output_len} out, --max-total-tokens {args.max_total_tokens}, page {PAGE}, "
-          f"{args.policies[0]} budget ratio {args.budget_ratio}; cumulative cow counters")
-    hdr = (f"{'degree':>6}  {'mode':<8}{'max_run':>8}{'mean_pg':>8}{'peak_pg':>8}{'retract':>8}{'out_tok/s':>10}{'cow':>6}"
-           f"{'released':>9}{'same':>6}")
+    print(
+        f"serve_capacity --shared-prefix: {args.requests} requests, system prompt {args.system_len} + question "
+        f"{args.input_len} ids, {args.output_len} out, --max-total-tokens {args.max_total_tokens}, page {PAGE}, "
+        f"{args.policies[0]} budget ratio {args.budget_ratio}; cumulative cow counters"
+    )
+    hdr = (
+        f"{'degree':>6}  {'mode':<8}{'max_run':>8}{'mean_pg':>8}{'peak_pg':>8}{'retract':>8}{'out_tok/s':>10}{'cow':>6}"
+        f"{'released':>9}{'same':>6}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in sorted(runs, key=lambda r: r["degree"]):
-        print(f"{r['degree']:>6}  {r['mode']:<8}{r['max_running_requests']:>8}{r['mean_held_pages']:>8.1f}{r['peak_held_pages']:>8}{r['retractions']:>8}"
-              f"{r['output_throughput']:>10.1f}{dash(r['cow_copies'], 'd'):>6}{dash(r['cow_pages_released'], 'd'):>9}"
-              f"{'yes' if r['identical_to_naive'] else 'NO':>6}")
+        print(
+            f"{r['degree']:>6}  {r['mode']:<8}{r['max_running_requests']:>8}{r['mean_held_pages']:>8.1f}"
+            f"{r['peak_held_pages']:>8}{r['retractions']:>8}"
+            f"{r['output_throughput']:>10.1f}{dash(r['cow_copies'], 'd'):>6}{dash(r['cow_pages_released'], 'd'):>9}"
+            f"{'yes' if r['identical_to_naive'] else 'NO':>6}"
+        )
     for degree in args.degrees:
         off = next(r for r in runs if r["mode"] == "no-cow" and r["degree"] == degree)
         on = next(r for r in runs if r["mode"] == "cow" and r["degree"] == degree)
         fewer = 1 - on["mean_held_pages"] / max(off["mean_held_pages"], 1)
         peak = 1 - on["peak_held_pages"] / max(off["peak_held_pages"], 1)
         verdict = f"  target (>= 25% fewer): {'met' if fewer >= 0.25 else 'MISSED'}" if degree <= 2 else ""
-        print(f"degree {degree}: copy-on-write holds {100 * fewer:.0f}% fewer pages than vToken without it on average over "
-              f"the steps ({off['mean_held_pages']} -> {on['mean_held_pages']}), {100 * peak:.0f}% fewer at the peak "
-              f"({off['peak_held_pages']} -> {on['peak_held_pages']}){verdict}")
+        print(
+            f"degree {degree}: copy-on-write holds {100 * fewer:.0f}% fewer pages than vToken without it on average "
+            "over "
+            f"the steps ({off['mean_held_pages']} -> {on['mean_held_pages']}), {100 * peak:.0f}% fewer at the peak "
+            f"({off['peak_held_pages']} -> {on['peak_held_pages']}){verdict}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,16 +246,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--shared-prefix: random)")
     ap.add_argument("--budget-ratio", type=float, default=None, help="default: 0.5 (--shared-prefix: 0.25)")
-    ap.add_argument("--shared-prefix", action="store_true",
-                    help="the shared-prefix scenario: Naive-Evict, vToken without and with copy-on-write, per sharing degree")
+    ap.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="the shared-prefix scenario: Naive-Evict, vToken without and with copy-on-write, per sharing degree",
+    )
     ap.add_argument("--degrees", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--system-len", type=int, default=512)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="default: 8192 (--shared-prefix: 32768)")
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--input-len", type=int, default=None, help="prompt ids; default: 64 (--shared-prefix: the question, 16)")
+    ap.add_argument(
+        "--input-len", type=int, default=None, help="prompt ids; default: 64 (--shared-prefix: the question, 16)"
+    )
     ap.add_argument("--output-len", type=int, default=960)
-    ap.add_argument("--score-every", nargs="+", type=int, default=[1, 4],
-                    help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)")
+    ap.add_argument(
+        "--score-every",
+        nargs="+",
+        type=int,
+        default=[1, 4],
+        help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)",
+    )
     args = ap.parse_args(argv)
     model = str(build())
     t0 = time.monotonic()
@@ -229,17 +300,24 @@ def main(argv: list[str] | None = None) -> int:
                 extra["identical_to_naive"] = None
                 runs.append(extra)
     runs[0]["identical_to_naive"] = None
-    print(f"serve_capacity: {args.requests} requests x ({args.input_len} in, {args.output_len} out), "
-          f"--max-total-tokens {args.max_total_tokens}, page {PAGE}, budget ratio {args.budget_ratio}")
-    hdr = (f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'retract':>8}{'peak_pg':>8}{'out_tok/s':>10}{'p95_s':>7}"
-           f"{'step_ms':>8}{'score_ms':>9}{'same':>6}")
+    print(
+        f"serve_capacity: {args.requests} requests x ({args.input_len} in, {args.output_len} out), "
+        f"--max-total-tokens {args.max_total_tokens}, page {PAGE}, budget ratio {args.budget_ratio}"
+    )
+    hdr = (
+        f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'retract':>8}{'peak_pg':>8}{'out_tok/s':>10}{'p95_s':>7}"
+        f"{'step_ms':>8}{'score_ms':>9}{'same':>6}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in runs:
         same = "-" if r["identical_to_naive"] is None else ("yes" if r["identical_to_naive"] else "NO")
-        print(f"{r['mode']:<8}{r['policy']:<13}{dash(r['score_every'], 'd'):>6}{r['max_running_requests']:>8}{r['retractions']:>8}"
-              f"{r['peak_allocated_pages']:>8}{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}"
-              f"{dash(r['step_ms'], '.2f'):>8}{dash(r['score_ms'], '.3f'):>9}{same:>6}")
+        print(
+            f"{r['mode']:<8}{r['policy']:<13}{dash(r['score_every'], 'd'):>6}{r['max_running_requests']:>8}"
+            f"{r['retractions']:>8}"
+            f"{r['peak_allocated_pages']:>8}{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}"
+            f"{dash(r['step_ms'], '.2f'):>8}{dash(r['score_ms'], '.3f'):>9}{same:>6}"
+        )
     for policy in args.policies:
         n = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
         v = next(r for r in runs if r["mode"] == "vtoken" and r["policy"] == policy)  # the first k
@@ -248,12 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         if policy == "random" and args.budget_ratio == 0.5:
             ok = gain >= 1.8 and v["retractions"] == 0 and v["identical_to_naive"]
             verdict = f"  target (>= 1.8, no retraction, identical): {'met' if ok else 'MISSED'}"
-        print(f"{policy}: vToken / Naive-Evict max running = {gain:.2f}, retractions {n['retractions']} -> "
-              f"{v['retractions']}, throughput x{v['output_throughput'] / max(n['output_throughput'], 1e-9):.2f}{verdict}")
+        print(
+            f"{policy}: vToken / Naive-Evict max running = {gain:.2f}, retractions {n['retractions']} -> "
+            f"{v['retractions']}, throughput x{v['output_throughput'] / max(n['output_throughput'], 1e-9):.2f}{verdict}"
+        )
     off = next((r for r in runs if r["mode"] == "vtoken" and r["policy"] == "random"), None)
     for policy in [p for p in args.policies if p in SCORE_POLICIES and p != "snapkv"]:
-        parts = [f"every {r['score_every']}: step {dash(r['step_ms'], '.2f')} ms (scoring {dash(r['score_ms'], '.3f')} ms)"
-                 for r in runs if r["mode"] == "vtoken" and r["policy"] == policy]
+        parts = [
+            f"every {r['score_every']}: step {dash(r['step_ms'], '.2f')} ms (scoring {dash(r['score_ms'], '.3f')} ms)"
+            for r in runs
+            if r["mode"] == "vtoken" and r["policy"] == policy
+        ]
         base = f"; off (random, no scores): step {dash(off['step_ms'], '.2f')} ms" if off else ""
         print(f"{policy} scoring cost per decode step, vToken: {', '.join(parts)}{base}")
     return finish(t0, runs, args.json)

@@ -31,10 +31,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+from serve_bench import finish  # noqa: E402
+
 from vtoken_sglang.serving import SglangServer, cpu_env, default_server_args  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
-
-from serve_bench import finish  # noqa: E402
 
 SATURATION = 0.97  # a rate within 3% of Naive-Evict's best throughput is its saturation point
 SLA_SLACK = 1.05
@@ -44,33 +44,78 @@ def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -
     """One bench_serving run at ``rate`` requests/s (``inf``: all at once); its output throughput and p95 latency."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.jsonl"
-        cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
-               "--model", model, "--tokenizer", model, "--dataset-name", "random-ids",
-               "--num-prompts", str(args.requests), "--random-input-len", str(args.input_len),
-               "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
-               "--request-rate", str(rate), "--seed", str(seed), "--disable-tqdm", "--output-file", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.bench_serving",
+            "--backend",
+            "sglang",
+            "--base-url",
+            server.url,
+            "--model",
+            model,
+            "--tokenizer",
+            model,
+            "--dataset-name",
+            "random-ids",
+            "--num-prompts",
+            str(args.requests),
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--random-range-ratio",
+            "1.0",
+            "--request-rate",
+            str(rate),
+            "--seed",
+            str(seed),
+            "--disable-tqdm",
+            "--output-file",
+            str(out),
+        ]
         run = subprocess.run(cmd, capture_output=True, text=True, env=cpu_env(), timeout=1800)
         if run.returncode != 0:
             raise RuntimeError(f"bench_serving at rate {rate} failed: {run.stderr[-2000:]}")
         rec = json.loads(out.read_text().strip().splitlines()[-1])
-    return {"rate": rate, "completed": rec["completed"], "output_throughput": round(rec["output_throughput"], 1),
-            "p95_latency_s": round(rec["p95_e2e_latency_ms"] / 1e3, 2)}
+    return {
+        "rate": rate,
+        "completed": rec["completed"],
+        "output_throughput": round(rec["output_throughput"], 1),
+        "p95_latency_s": round(rec["p95_e2e_latency_ms"] / 1e3, 2),
+    }
 
 
 def run_mode(model: str, mode: str, policy: str | None, args, bar) -> dict:
     flags = default_server_args(max_total_tokens=args.max_total_tokens)
     if mode != "plain":  # every mode runs SGLang's default (overlap) scheduling loop
-        flags += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", str(args.budget_ratio),
-                  "--vtoken-recent", "16", "--vtoken-reclaim", "on" if mode == "vtoken" else "off"]
+        flags += [
+            "--enable-vtoken",
+            "--vtoken-policy",
+            policy,
+            "--vtoken-budget-ratio",
+            str(args.budget_ratio),
+            "--vtoken-recent",
+            "16",
+            "--vtoken-reclaim",
+            "on" if mode == "vtoken" else "off",
+        ]
     points = []
     with SglangServer(model, flags) as server:
         for i, rate in enumerate(args.rates):
             bar.set_postfix_str(f"{mode} {policy or ''} rate {rate}")
             points.append(bench_rate(server, model, rate, args, seed=7 + i))
             bar.update(1)
-    return {"mode": mode, "policy": policy or "none", "budget_ratio": args.budget_ratio if mode != "plain" else 1.0,
-            "max_total_tokens": args.max_total_tokens, "requests": args.requests, "input_len": args.input_len,
-            "output_len": args.output_len, "points": points}
+    return {
+        "mode": mode,
+        "policy": policy or "none",
+        "budget_ratio": args.budget_ratio if mode != "plain" else 1.0,
+        "max_total_tokens": args.max_total_tokens,
+        "requests": args.requests,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "points": points,
+    }
 
 
 def sla_of(naive: dict) -> tuple[float, float]:
@@ -87,7 +132,9 @@ def sla_throughput(run: dict, latency: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="random only, 4 rates, 16 requests per point (about 8 min here)")
+    ap.add_argument(
+        "--quick", action="store_true", help="random only, 4 rates, 16 requests per point (about 8 min here)"
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--quick: random)")
     ap.add_argument("--rates", nargs="+", type=float, default=None, help="requests/s, ascending (inf: all at once)")
@@ -110,9 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     modes = [("plain", None)] + [(m, p) for p in args.policies for m in ("naive", "vtoken")]
     with tqdm(total=len(modes) * len(args.rates), desc="sla_throughput", unit="point", file=sys.stderr) as bar:
         runs = [run_mode(model, mode, policy, args, bar) for mode, policy in modes]
-    print(f"sla_throughput: {args.requests} requests per rate x ({args.input_len} in, {args.output_len} out), "
-          f"--max-total-tokens {args.max_total_tokens}, page 16, budget ratio {args.budget_ratio}")
-    hdr = f"{'mode':<8}{'policy':<11}" + "".join(f"{'r=' + format(r, 'g'):>16}" for r in args.rates) + f"{'SLA tok/s':>11}{'x naive':>9}"
+    print(
+        f"sla_throughput: {args.requests} requests per rate x ({args.input_len} in, {args.output_len} out), "
+        f"--max-total-tokens {args.max_total_tokens}, page 16, budget ratio {args.budget_ratio}"
+    )
+    hdr = (
+        f"{'mode':<8}{'policy':<11}"
+        + "".join(f"{'r=' + format(r, 'g'):>16}" for r in args.rates)
+        + f"{'SLA tok/s':>11}{'x naive':>9}"
+    )
     print(hdr)
     print(f"{'':<19}" + "".join(f"{'tok/s  p95_s':>16}" for _ in args.rates))
     print("-" * len(hdr))
@@ -126,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['mode']:<8}{r['policy']:<11}{cells}{r['sla_throughput']:>11.1f}{r['x_naive']:>9.2f}")
     for policy in args.policies:
         n = next(r for r in runs if r["mode"] == "naive" and r["policy"] == policy)
-        print(f"{policy}: Naive-Evict saturates at rate {n['saturation_rate']:g}; SLA = p95 <= {n['sla_latency_s']:.2f} s")
+        print(
+            f"{policy}: Naive-Evict saturates at rate {n['saturation_rate']:g}; SLA = p95 <= {n['sla_latency_s']:.2f} s"
+        )
     return finish(t0, runs, args.json)
 
 

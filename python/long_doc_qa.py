@@ -16,8 +16,10 @@ import sys
 
 import sglang as sgl
 
-WORDS = ("page token cache memory request layer attention window budget kernel stream copy plan slot table "
-         "value key query batch decode prefill schedule policy sink recent heavy score compact reclaim free").split()
+WORDS = (
+    "page token cache memory request layer attention window budget kernel stream copy plan slot table "
+    "value key query batch decode prefill schedule policy sink recent heavy score compact reclaim free"
+).split()
 
 
 def make_document(words: int, seed: int = 0) -> str:

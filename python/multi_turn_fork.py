@@ -34,7 +34,10 @@ def brainstorm(s, topic: str, branches: int, max_tokens: int):
 def run(url: str, topics: list[str], branches: int = 3, max_tokens: int = 24) -> list[dict]:
     sgl.set_default_backend(sgl.RuntimeEndpoint(url))
     states = brainstorm.run_batch([{"topic": t, "branches": branches, "max_tokens": max_tokens} for t in topics])
-    return [{"topic": t, "idea": st["idea"], "details": st["details"], "summary": st["summary"]} for t, st in zip(topics, states)]
+    return [
+        {"topic": t, "idea": st["idea"], "details": st["details"], "summary": st["summary"]}
+        for t, st in zip(topics, states)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The test command: set-up (idempotent), then the whole suite (real SGLang on CPU; GPU tests skip without CUDA).
+# The test command: set-up (idempotent), ruff (lint and format check, seconds), then the whole suite (real SGLang on
+# CPU; GPU tests skip without CUDA).
 # Extra arguments go to pytest (e.g. -k manifest). pytest's "no tests ran" (exit 5) is a failure here.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh" || exit 1
 cd "$root"
 export HF_HUB_OFFLINE=1
+"$root/.venv/bin/ruff" check . && "$root/.venv/bin/ruff" format --check . || { echo "test.sh: ruff failed" >&2; exit 1; }
 "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"
 rc=$?
 if [[ $rc -eq 5 ]]; then

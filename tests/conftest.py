@@ -24,12 +24,17 @@ def tiny_model() -> str:
     return str(build())
 
 
-def run_all(commands: list[list[str]], timeout: float = 300, env: dict | None = None) -> list[subprocess.CompletedProcess]:
+def run_all(
+    commands: list[list[str]], timeout: float = 300, env: dict | None = None
+) -> list[subprocess.CompletedProcess]:
     """Run several commands at once (each SGLang import costs ~10 s of CPU) and return their results in order."""
     from vtoken_sglang.serving import cpu_env
 
     full_env = cpu_env(env)
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO) for c in commands]
+    procs = [
+        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO)
+        for c in commands
+    ]
     results = []
     for cmd, p in zip(commands, procs):
         try:

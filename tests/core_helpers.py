@@ -19,12 +19,24 @@ def stamp(rows: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
 class MiniEngine:
     """PagePool + TokenTable + Reclaimer over CPU K/V buffers ``[slots, 3]`` (2 layers x K, V)."""
 
-    def __init__(self, num_pages=256, page_size=4, rows=16, max_context=1024, reserve=4, theta=0.0,
-                 state_names=(), grace_steps=1, reclaim=True):
+    def __init__(
+        self,
+        num_pages=256,
+        page_size=4,
+        rows=16,
+        max_context=1024,
+        reserve=4,
+        theta=0.0,
+        state_names=(),
+        grace_steps=1,
+        reclaim=True,
+    ):
         self.pool = PagePool(num_pages, page_size, reserve=reserve)
         self.table = TokenTable(rows, max_context, self.pool, state_names=state_names)
         self.kv = [torch.zeros((num_pages + 1) * page_size, 3) for _ in range(4)]
-        self.reclaimer = Reclaimer(self.table, CpuCopyEngine(self.kv), theta=theta, grace_steps=grace_steps, enabled=reclaim)
+        self.reclaimer = Reclaimer(
+            self.table, CpuCopyEngine(self.kv), theta=theta, grace_steps=grace_steps, enabled=reclaim
+        )
 
     def write(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         slots = self.table.alloc_slots(rows, counts)

@@ -15,22 +15,41 @@ pytestmark = pytest.mark.server
 
 # 12 requests of 64 + 448 tokens (32 pages each, page 16) in a 128-page pool: upstream's ignore_eos path fits 3;
 # at budget ratio 0.5 a request keeps about half its tokens, so about twice as many fit
-FLAGS = ["--disable-radix-cache", "--decode-log-interval", "1", "--enable-vtoken", "--vtoken-policy", "random",
-         "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
+FLAGS = [
+    "--disable-radix-cache",
+    "--decode-log-interval",
+    "1",
+    "--enable-vtoken",
+    "--vtoken-policy",
+    "random",
+    "--vtoken-budget-ratio",
+    "0.5",
+    "--vtoken-recent",
+    "16",
+]
 PROMPTS = [[(7 * i + 13 * j) % 1999 + 1 for j in range(64)] for i in range(12)]
 
 
 def run(tiny_model: str, reclaim: str) -> dict:
-    with SglangServer(tiny_model, default_server_args(max_total_tokens=2048) + FLAGS + ["--vtoken-reclaim", reclaim]) as s:
+    with SglangServer(
+        tiny_model, default_server_args(max_total_tokens=2048) + FLAGS + ["--vtoken-reclaim", reclaim]
+    ) as s:
+
         def one(ids):
-            return s.post("/generate", {"input_ids": ids, "sampling_params": {
-                "max_new_tokens": 448, "temperature": 0.0, "ignore_eos": True}}, timeout=900)
+            return s.post(
+                "/generate",
+                {"input_ids": ids, "sampling_params": {"max_new_tokens": 448, "temperature": 0.0, "ignore_eos": True}},
+                timeout=900,
+            )
 
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             outs = list(pool.map(one, PROMPTS))
         running = [int(n) for n in re.findall(r"#running-req: (\d+)", s.log_text())]
-    return {"ids": [o["output_ids"] for o in outs], "max_running": max(running, default=0),
-            "retractions": sum(o["meta_info"].get("num_retractions", 0) for o in outs)}
+    return {
+        "ids": [o["output_ids"] for o in outs],
+        "max_running": max(running, default=0),
+        "retractions": sum(o["meta_info"].get("num_retractions", 0) for o in outs),
+    }
 
 
 @pytest.fixture(scope="module")

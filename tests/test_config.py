@@ -12,10 +12,26 @@ def test_defaults_are_valid_and_off():
 
 
 def test_cli_strings_are_parsed():
-    cfg = VTokenConfig.build({"enable_vtoken": True, "vtoken_policy": "random", "vtoken_budget_ratio": "0.5",
-                              "vtoken_reclaim": "off", "vtoken_recent": "32", "vtoken_sinks": "0", "vtoken_seed": "7",
-                              "vtoken_theta": "0.3", "vtoken_planner": "inline"})
-    assert (cfg.vtoken_budget_ratio, cfg.vtoken_reclaim, cfg.vtoken_recent, cfg.vtoken_sinks, cfg.vtoken_seed) == (0.5, False, 32, 0, 7)
+    cfg = VTokenConfig.build(
+        {
+            "enable_vtoken": True,
+            "vtoken_policy": "random",
+            "vtoken_budget_ratio": "0.5",
+            "vtoken_reclaim": "off",
+            "vtoken_recent": "32",
+            "vtoken_sinks": "0",
+            "vtoken_seed": "7",
+            "vtoken_theta": "0.3",
+            "vtoken_planner": "inline",
+        }
+    )
+    assert (cfg.vtoken_budget_ratio, cfg.vtoken_reclaim, cfg.vtoken_recent, cfg.vtoken_sinks, cfg.vtoken_seed) == (
+        0.5,
+        False,
+        32,
+        0,
+        7,
+    )
 
 
 def test_json_round_trip():

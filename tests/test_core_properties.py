@@ -3,11 +3,11 @@ plans (applied, stale, overlapping), request ends; real K/V tensors; every step 
 (including that every live token's K/V bytes are unchanged); at the end every page is free."""
 
 import torch
+from core_helpers import MiniEngine, stamp
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core_helpers import MiniEngine, stamp
 from vtoken_sglang.core.integrity import check_integrity
 from vtoken_sglang.core.pages import OutOfPages
 from vtoken_sglang.policies import POLICIES, PolicyConfig, make_policy
@@ -18,14 +18,26 @@ STATE_NAMES = ("h2o_acc", "tova_last", "sh_persist", "snap")
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.eng = MiniEngine(num_pages=160, page_size=4, rows=8, max_context=512, reserve=4, theta=0.0,
-                              state_names=STATE_NAMES, grace_steps=1)
+        self.eng = MiniEngine(
+            num_pages=160,
+            page_size=4,
+            rows=8,
+            max_context=512,
+            reserve=4,
+            theta=0.0,
+            state_names=STATE_NAMES,
+            grace_steps=1,
+        )
         self.free_rows = list(range(8))
         self.live_rows: list[int] = []
         self.seed = 0
 
     def _rows(self, data, k=None):
-        return sorted(data.draw(st.lists(st.sampled_from(self.live_rows), min_size=1, max_size=k or len(self.live_rows), unique=True)))
+        return sorted(
+            data.draw(
+                st.lists(st.sampled_from(self.live_rows), min_size=1, max_size=k or len(self.live_rows), unique=True)
+            )
+        )
 
     @rule(prompt=st.integers(1, 60))
     def new_request(self, prompt):
@@ -51,8 +63,13 @@ class CoreMachine(RuleBasedStateMachine):
             pass
 
     @precondition(lambda self: self.live_rows)
-    @rule(data=st.data(), policy=st.sampled_from(sorted(POLICIES)), ratio=st.sampled_from([0.3, 0.5, 0.8]),
-          recent=st.integers(1, 6), sinks=st.integers(0, 3))
+    @rule(
+        data=st.data(),
+        policy=st.sampled_from(sorted(POLICIES)),
+        ratio=st.sampled_from([0.3, 0.5, 0.8]),
+        recent=st.integers(1, 6),
+        sinks=st.integers(0, 3),
+    )
     def evict(self, data, policy, ratio, recent, sinks):
         rows = torch.tensor(self._rows(data))
         pol = make_policy(policy, PolicyConfig(budget_ratio=ratio, sinks=sinks, recent=recent, slack=0, seed=self.seed))
@@ -105,5 +122,6 @@ class CoreMachine(RuleBasedStateMachine):
 
 
 TestCore = CoreMachine.TestCase
-TestCore.settings = settings(max_examples=80, stateful_step_count=50, deadline=None,
-                             suppress_health_check=[HealthCheck.too_slow])
+TestCore.settings = settings(
+    max_examples=80, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

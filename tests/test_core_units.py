@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from core_helpers import MiniEngine, stamp
+
 from vtoken_sglang.core.copy_engine import CpuCopyEngine, make_copy_engine
 from vtoken_sglang.core.integrity import IntegrityError, check_integrity
 from vtoken_sglang.core.pages import FREE, TREE, OutOfPages, PagePool
@@ -140,9 +140,12 @@ class TestPlanner:
         assert plan.rows.tolist() == [0, 1] and int(plan.n_dst.min()) >= 1
         first = plan.src_row == plan.rows[0]
         bad = {
-            "a source page twice": dataclasses.replace(plan, src_pages=torch.cat([plan.src_pages, plan.src_pages[:1]]),
-                                                       src_row=torch.cat([plan.src_row, plan.src_row[:1]]),
-                                                       src_live=torch.cat([plan.src_live, plan.src_live[:1]])),
+            "a source page twice": dataclasses.replace(
+                plan,
+                src_pages=torch.cat([plan.src_pages, plan.src_pages[:1]]),
+                src_row=torch.cat([plan.src_row, plan.src_row[:1]]),
+                src_live=torch.cat([plan.src_live, plan.src_live[:1]]),
+            ),
             "a row twice": dataclasses.replace(plan, rows=plan.rows[[0, 0]], n_dst=plan.n_dst[[0, 0]]),
             "a source of a row not named": dataclasses.replace(plan, rows=plan.rows[:1], n_dst=plan.n_dst[:1]),
             "too few destinations": dataclasses.replace(plan, n_dst=plan.n_dst - torch.tensor([1, 0])),
@@ -272,7 +275,7 @@ def reference_plan(live, owner, blocked, P, B):
         if options:
             g, negk, dst = max(options)
             if g > 0:
-                best[o] = (g, -negk, dst, [p for _, p in pages[: -negk]])
+                best[o] = (g, -negk, dst, [p for _, p in pages[:-negk]])
     used, rows = 0, []
     for o in sorted(best, key=lambda o: (-best[o][0], o)):
         if used + best[o][2] > B:
@@ -294,8 +297,9 @@ def test_planner_matches_brute_force(data, P, n, B):
     owner = data.draw(st.lists(st.integers(-2, 4), min_size=n, max_size=n))
     blocked = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     live[0], owner[0] = 0, TREE
-    snap = Snapshot(0, P, torch.tensor(live, dtype=torch.int32), torch.tensor(owner, dtype=torch.int32),
-                    torch.tensor(blocked), B)
+    snap = Snapshot(
+        0, P, torch.tensor(live, dtype=torch.int32), torch.tensor(owner, dtype=torch.int32), torch.tensor(blocked), B
+    )
     plan = plan_reclaim(snap)
     rows, n_dst, pages = reference_plan(live, owner, blocked, P, B)
     assert plan.rows.tolist() == rows and plan.n_dst.tolist() == n_dst and sorted(plan.src_pages.tolist()) == pages

@@ -7,16 +7,25 @@ import json
 import time
 
 import pytest
-
 from conftest import PY, REPO, prometheus_values, run_all
+
 from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
 
 # streaming keeps the 4 sinks and the 64 newest tokens: once a request has generated past its window, only the
 # sinks of its (long) prompt are live for it
-FLAGS = ["--enable-vtoken", "--vtoken-policy", "streaming", "--vtoken-budget", "80", "--vtoken-recent", "64",
-         "--vtoken-sinks", "4"]
+FLAGS = [
+    "--enable-vtoken",
+    "--vtoken-policy",
+    "streaming",
+    "--vtoken-budget",
+    "80",
+    "--vtoken-recent",
+    "64",
+    "--vtoken-sinks",
+    "4",
+]
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 SYSTEM = "You are a careful assistant. Answer briefly and cite the page you used. " * 24  # ~58 pages
 SHARED = [SYSTEM + f"Question {i}: what is {i} plus {i}?" for i in range(6)]
@@ -37,12 +46,27 @@ def cow_runs(tiny_model, tmp_path_factory):
             crowd = [o["output_ids"] for o in s.generate(CROWD, 120, ignore_eos=True)]
             after_crowd = info()
             # a later request over the shared prompt, read from the tree's (never rewritten) pages
-            probe = s.post("/generate", {"text": SHARED[2], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-                                         "return_logprob": True, "top_logprobs_num": 5})["meta_info"]
+            probe = s.post(
+                "/generate",
+                {
+                    "text": SHARED[2],
+                    "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                    "return_logprob": True,
+                    "top_logprobs_num": 5,
+                },
+            )["meta_info"]
             fork, gsp = run_programs(s, tiny_model, tmp_path_factory.mktemp(f"gsp_{cow}") / "gsp.jsonl")
             time.sleep(2)  # idle: SGLang's strict memory check runs
-            results[cow] = {"shared": shared, "crowd": crowd, "after_shared": after_shared, "after_crowd": after_crowd,
-                            "probe": (meta_top(probe), probe["cached_tokens"]), "fork": fork, "gsp": gsp, "idle": info()}
+            results[cow] = {
+                "shared": shared,
+                "crowd": crowd,
+                "after_shared": after_shared,
+                "after_crowd": after_crowd,
+                "probe": (meta_top(probe), probe["cached_tokens"]),
+                "fork": fork,
+                "gsp": gsp,
+                "idle": info(),
+            }
             if cow == "on":  # one more load, on this server only: bench_serving and the shared-document program
                 results["bench"] = run_bench_and_qa(s, tiny_model, tmp_path_factory.mktemp("bench") / "bench.jsonl")
                 time.sleep(2)
@@ -52,17 +76,55 @@ def cow_runs(tiny_model, tmp_path_factory):
 
 
 def run_bench_and_qa(server: SglangServer, model: str, out) -> dict:
-    bench = [PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--model", model, "--tokenizer", model,
-             "--base-url", server.url, "--request-rate", "inf", "--seed", "2", "--disable-tqdm", "--dataset-name",
-             "random-ids", "--num-prompts", "24", "--random-input-len", "200", "--random-output-len", "96",
-             "--random-range-ratio", "0.5", "--output-file", str(out)]
-    qa = [PY, str(REPO / "python/long_doc_qa.py"), "--url", server.url, "--questions", "5", "--doc-words", "400",
-          "--max-tokens", "120"]
+    bench = [
+        PY,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--model",
+        model,
+        "--tokenizer",
+        model,
+        "--base-url",
+        server.url,
+        "--request-rate",
+        "inf",
+        "--seed",
+        "2",
+        "--disable-tqdm",
+        "--dataset-name",
+        "random-ids",
+        "--num-prompts",
+        "24",
+        "--random-input-len",
+        "200",
+        "--random-output-len",
+        "96",
+        "--random-range-ratio",
+        "0.5",
+        "--output-file",
+        str(out),
+    ]
+    qa = [
+        PY,
+        str(REPO / "python/long_doc_qa.py"),
+        "--url",
+        server.url,
+        "--questions",
+        "5",
+        "--doc-words",
+        "400",
+        "--max-tokens",
+        "120",
+    ]
     run, qa_run = run_all([bench, qa], timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert qa_run.returncode == 0, qa_run.stderr[-3000:]
-    return {"completed": json.loads(out.read_text().strip().splitlines()[-1])["completed"],
-            "answers": len(json.loads(qa_run.stdout))}
+    return {
+        "completed": json.loads(out.read_text().strip().splitlines()[-1])["completed"],
+        "answers": len(json.loads(qa_run.stdout)),
+    }
 
 
 def meta_top(meta: dict) -> list:
@@ -72,13 +134,54 @@ def meta_top(meta: dict) -> list:
 def run_programs(server: SglangServer, model: str, gsp_out) -> tuple:
     """The fork program (branches share the conversation through the tree) and bench_serving's generated shared
     prefix dataset (3 system prompts, 4 questions each)."""
-    bench = [PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--model", model, "--tokenizer", model,
-             "--base-url", server.url, "--request-rate", "inf", "--seed", "3", "--disable-tqdm",
-             "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "3", "--gsp-prompts-per-group", "4",
-             "--gsp-system-prompt-len", "240", "--gsp-question-len", "16", "--gsp-output-len", "120",
-             "--output-file", str(gsp_out)]
-    fork_run, gsp_run = run_all([[PY, str(REPO / "python/multi_turn_fork.py"), "--url", server.url, "--branches", "3",
-                                  "--max-tokens", "100"], bench], timeout=600)
+    bench = [
+        PY,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--model",
+        model,
+        "--tokenizer",
+        model,
+        "--base-url",
+        server.url,
+        "--request-rate",
+        "inf",
+        "--seed",
+        "3",
+        "--disable-tqdm",
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "3",
+        "--gsp-prompts-per-group",
+        "4",
+        "--gsp-system-prompt-len",
+        "240",
+        "--gsp-question-len",
+        "16",
+        "--gsp-output-len",
+        "120",
+        "--output-file",
+        str(gsp_out),
+    ]
+    fork_run, gsp_run = run_all(
+        [
+            [
+                PY,
+                str(REPO / "python/multi_turn_fork.py"),
+                "--url",
+                server.url,
+                "--branches",
+                "3",
+                "--max-tokens",
+                "100",
+            ],
+            bench,
+        ],
+        timeout=600,
+    )
     assert fork_run.returncode == 0, fork_run.stderr[-3000:]
     assert gsp_run.returncode == 0, gsp_run.stderr[-3000:]
     return json.loads(fork_run.stdout), json.loads(gsp_out.read_text().strip().splitlines()[-1])["completed"]
@@ -135,10 +238,23 @@ def test_bench_and_shared_document_program_and_metrics(cow_runs):
     state, metrics = bench["state"], bench["metrics"]
     assert state["allocated_pages"] == 0 and state["position_mismatches"] == 0
     assert "[vtoken] live: " in log and ", reclaimed pages: " in log
-    for name in ("tokens_evicted", "pages_reclaimed", "tokens_moved", "plans_admitted", "planner_ms", "cow_copies",
-                 "cow_tokens_copied", "cow_pages_released"):
+    for name in (
+        "tokens_evicted",
+        "pages_reclaimed",
+        "tokens_moved",
+        "plans_admitted",
+        "planner_ms",
+        "cow_copies",
+        "cow_tokens_copied",
+        "cow_pages_released",
+    ):
         assert metrics[f"sglang:vtoken_{name}_total"] == pytest.approx(state[name], rel=1e-3), name
     assert metrics["sglang:vtoken_cow_copies_total"] > 0
     assert metrics["sglang:vtoken_allocated_pages"] == 0 and metrics["sglang:vtoken_live_tokens"] == 0  # idle values
-    assert {"sglang:vtoken_fragmentation", "sglang:vtoken_resident_dead_tokens", "sglang:vtoken_plans_rejected_total",
-            "sglang:vtoken_plans_stale_total", "sglang:vtoken_copy_ms_total"} <= set(metrics)
+    assert {
+        "sglang:vtoken_fragmentation",
+        "sglang:vtoken_resident_dead_tokens",
+        "sglang:vtoken_plans_rejected_total",
+        "sglang:vtoken_plans_stale_total",
+        "sglang:vtoken_copy_ms_total",
+    } <= set(metrics)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 sgl_kernel = pytest.importorskip("sgl_kernel")
-pytestmark = pytest.mark.skipif(not getattr(sgl_kernel, "IS_VTOKEN_CPU_STANDIN", False), reason="real sgl_kernel installed")
+pytestmark = pytest.mark.skipif(
+    not getattr(sgl_kernel, "IS_VTOKEN_CPU_STANDIN", False), reason="real sgl_kernel installed"
+)
 
 
 def test_setup_made_cpu_engine_the_default():
@@ -44,11 +46,14 @@ def test_assign_req_to_token_pool_through_sglang():
     assert int(req_to_token.sum()) == sum(range(100, 108))
 
 
-@pytest.mark.parametrize("name, act", [
-    ("silu_and_mul", torch.nn.functional.silu),
-    ("gelu_and_mul", torch.nn.functional.gelu),
-    ("gelu_tanh_and_mul", lambda t: torch.nn.functional.gelu(t, approximate="tanh")),
-])
+@pytest.mark.parametrize(
+    "name, act",
+    [
+        ("silu_and_mul", torch.nn.functional.silu),
+        ("gelu_and_mul", torch.nn.functional.gelu),
+        ("gelu_tanh_and_mul", lambda t: torch.nn.functional.gelu(t, approximate="tanh")),
+    ],
+)
 def test_gated_activations(name, act):
     x = torch.randn(5, 16)
     out = torch.empty(5, 8)

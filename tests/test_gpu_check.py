@@ -9,13 +9,27 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ("copy_order", "overlap_order", "fence_done", "reclaim_integrity", "copy_time[", "triton_scores", "window_scores", "scoring_cost[")
+CHECKS = (
+    "copy_order",
+    "overlap_order",
+    "fence_done",
+    "reclaim_integrity",
+    "copy_time[",
+    "triton_scores",
+    "window_scores",
+    "scoring_cost[",
+)
 
 
 def test_gpu_check_passes_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
-    run = subprocess.run([sys.executable, "benchmark/gpu_check.py", "--device", "cpu", "--quick", "--json", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "benchmark/gpu_check.py", "--device", "cpu", "--quick", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.split()]
     for name in CHECKS:

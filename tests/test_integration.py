@@ -15,8 +15,17 @@ from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
 
-EVICT = ["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "8",
-         "--vtoken-sinks", "4"]
+EVICT = [
+    "--enable-vtoken",
+    "--vtoken-policy",
+    "random",
+    "--vtoken-budget-ratio",
+    "0.5",
+    "--vtoken-recent",
+    "8",
+    "--vtoken-sinks",
+    "4",
+]
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i) for i in range(8)]
 
@@ -27,9 +36,12 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
     scheduler (the others run with it, SGLang's default), and a vToken server whose plans come from the compaction
     worker, killed (-9) in the middle of the load (one server at a time)."""
     results = {}
-    for mode, extra in (("naive", ["--vtoken-reclaim", "off"]), ("vtoken", ["--vtoken-reclaim", "on"]),
-                        ("serial", ["--vtoken-reclaim", "on", "--disable-overlap-schedule"]),
-                        ("worker", ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"])):
+    for mode, extra in (
+        ("naive", ["--vtoken-reclaim", "off"]),
+        ("vtoken", ["--vtoken-reclaim", "on"]),
+        ("serial", ["--vtoken-reclaim", "on", "--disable-overlap-schedule"]),
+        ("worker", ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"]),
+    ):
         log = tmp_path_factory.mktemp(mode) / "server.log"
         with SglangServer(tiny_model, default_server_args() + EVICT + extra, log_path=log, env=STRICT) as s:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -42,8 +54,15 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
                 wait_until_worker_is_back(s)
             time.sleep(2)  # idle: SGLang runs its memory check
             state = s.get("/get_server_info")["internal_states"][0]
-            results[mode] = {"ids": [o["output_ids"] for o in out], "one": one["output_ids"], "vtoken": state["vtoken"],
-                             "reuse": reuse, "log": s.log_text(), "healthy": s.proc.poll() is None, "killed": killed}
+            results[mode] = {
+                "ids": [o["output_ids"] for o in out],
+                "one": one["output_ids"],
+                "vtoken": state["vtoken"],
+                "reuse": reuse,
+                "log": s.log_text(),
+                "healthy": s.proc.poll() is None,
+                "killed": killed,
+            }
     return results
 
 
@@ -75,11 +94,21 @@ def prefix_reuse_probe(server: SglangServer) -> dict:
     """One new request over a prompt the tree holds from the load before (its pages were shared by requests that
     evicted and had their private pages compacted): one token with its top logprobs, and how much of the prompt
     came from the tree. Any change to a tree slot would change these."""
-    out = server.post("/generate", {"text": PROMPTS[5] + " And once more.", "sampling_params": {
-        "max_new_tokens": 1, "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 5})
+    out = server.post(
+        "/generate",
+        {
+            "text": PROMPTS[5] + " And once more.",
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "top_logprobs_num": 5,
+        },
+    )
     meta = out["meta_info"]
-    return {"ids": out["output_ids"], "cached": meta["cached_tokens"],
-            "top": [(t[1], t[0]) for t in meta["output_top_logprobs"][0]]}
+    return {
+        "ids": out["output_ids"],
+        "cached": meta["cached_tokens"],
+        "top": [(t[1], t[0]) for t in meta["output_top_logprobs"][0]],
+    }
 
 
 def test_same_victims_identical_tokens(naive_and_vtoken):
@@ -109,7 +138,9 @@ def test_worker_planner_survives_kill(naive_and_vtoken):
     planning never ran in the scheduler, and the server's shutdown left no worker behind."""
     st, log = naive_and_vtoken["worker"]["vtoken"], naive_and_vtoken["worker"]["log"]
     assert st["plans_admitted"] > 0 and st["pages_reclaimed"] > 0 and st["planner_ms"] == 0
-    assert st["worker_restarts"] >= 1 and st["worker_up"] == 1 and st["worker_pid"] != naive_and_vtoken["worker"]["killed"]
+    assert (
+        st["worker_restarts"] >= 1 and st["worker_up"] == 1 and st["worker_pid"] != naive_and_vtoken["worker"]["killed"]
+    )
     assert "compaction worker" in log and "exited with -9" in log
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and os.path.exists(f"/proc/{st['worker_pid']}"):
@@ -186,8 +217,13 @@ def test_aborts_and_retraction_leave_no_leak(tiny_model):
     for reclaim in ("off", "on"):
         flags = default_server_args(max_total_tokens=1024) + EVICT + ["--vtoken-reclaim", reclaim]
         with SglangServer(tiny_model, flags, env=STRICT) as s:
+
             def gen(i):
-                body = {"text": prompts[i], "rid": f"r{i}", "sampling_params": {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True}}
+                body = {
+                    "text": prompts[i],
+                    "rid": f"r{i}",
+                    "sampling_params": {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+                }
                 try:
                     return s.post("/generate", body)
                 except urllib.error.HTTPError as err:  # an aborted request answers with an error status
@@ -197,8 +233,11 @@ def test_aborts_and_retraction_leave_no_leak(tiny_model):
                 futures = [pool.submit(gen, i) for i in range(10)]
                 time.sleep(4)
                 for i in (1, 4, 7):
-                    req = urllib.request.Request(s.url + "/abort_request", data=json.dumps({"rid": f"r{i}"}).encode(),
-                                                 headers={"Content-Type": "application/json"})
+                    req = urllib.request.Request(
+                        s.url + "/abort_request",
+                        data=json.dumps({"rid": f"r{i}"}).encode(),
+                        headers={"Content-Type": "application/json"},
+                    )
                     urllib.request.urlopen(req, timeout=30).read()
                 results = [f.result() for f in futures]
             finished = [r for r in results if "output_ids" in r]
@@ -206,8 +245,9 @@ def test_aborts_and_retraction_leave_no_leak(tiny_model):
             state = s.get("/get_server_info")["internal_states"][0]["vtoken"]
             log = s.log_text()
             assert s.proc.poll() is None, log[-3000:]
-        assert len(finished) >= 7 and all(len(r["output_ids"]) == 300 for r in finished
-                                           if r["meta_info"]["finish_reason"]["type"] == "length")
+        assert len(finished) >= 7 and all(
+            len(r["output_ids"]) == 300 for r in finished if r["meta_info"]["finish_reason"]["type"] == "length"
+        )
         assert state["tokens_evicted"] > 0 and state["live_tokens"] == 0 and state["allocated_pages"] == 0
         assert "memory leak" not in log and "Traceback" not in log
         if reclaim == "off":

@@ -7,8 +7,8 @@ import json
 import sys
 
 import pytest
-
 from conftest import PY, run_all
+
 from vtoken_sglang.integration import manifest, plugin
 
 
@@ -43,7 +43,7 @@ def test_changed_upstream_symbol_is_caught(tmp_path):
         prefix = "sglang.srt.server_args."
         if symbol.startswith(prefix):
             obj = module
-            for part in symbol[len(prefix):].split("."):
+            for part in symbol[len(prefix) :].split("."):
                 obj = getattr(obj, part) if not isinstance(obj, type) else obj.__dict__.get(part, getattr(obj, part))
             return obj
         return manifest.resolve(symbol)
@@ -63,10 +63,13 @@ def test_launcher_refuses_to_run_vtoken_on_drift(tmp_path, tiny_model):
     tampered = tmp_path / "manifest.json"
     tampered.write_text(json.dumps(data))
     env = {manifest.ENV_OVERRIDE: str(tampered)}
-    with_vtoken, without = run_all([
-        [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken"],
-        [PY, "-m", "sglang.launch_server", "--help"],
-    ], env=env)
+    with_vtoken, without = run_all(
+        [
+            [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken"],
+            [PY, "-m", "sglang.launch_server", "--help"],
+        ],
+        env=env,
+    )
     assert with_vtoken.returncode != 0
     last = with_vtoken.stderr.strip().splitlines()[-1]
     assert last.startswith("error: vToken was built against sglang 0.5.23: " + target) and "changed upstream" in last

@@ -1,32 +1,66 @@
 """vToken's flags inside SGLang's own argument flow: --help lists them, bad values and combinations exit at start
 with one line naming the flag (status 2, no traceback), sgl.Engine rejects bad keywords, SGLang's flags still work."""
 
-
 import pytest
-
 from conftest import PY, run_all
 
 BAD_CLI = [
     (["--vtoken-policy", "random"], "--vtoken-policy has no effect without --enable-vtoken"),
     (["--enable-vtoken", "--vtoken-policy", "lru"], "--vtoken-policy: expected one of"),
     (["--enable-vtoken", "--page-size", "1"], "--page-size 1: vToken needs pages of at least 2 tokens"),
-    (["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "40"], "--vtoken-budget 40 is smaller than --vtoken-sinks + --vtoken-recent"),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "40"],
+        "--vtoken-budget 40 is smaller than --vtoken-sinks + --vtoken-recent",
+    ),
     (["--enable-vtoken", "--vtoken-policy", "random"], "--vtoken-policy random needs a budget"),
     (["--enable-vtoken", "--vtoken-budget-ratio", "0.5"], "--vtoken-budget-ratio needs an eviction policy"),
-    (["--enable-vtoken", "--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: speculative decoding is not supported"),
+    (
+        ["--enable-vtoken", "--speculative-algorithm", "EAGLE"],
+        "--speculative-algorithm EAGLE: speculative decoding is not supported",
+    ),
     (["--enable-vtoken", "--enable-hierarchical-cache"], "--enable-hierarchical-cache: HiCache is not supported"),
     (["--enable-vtoken", "--enable-unified-memory"], "--enable-unified-memory: unified memory is not supported"),
-    (["--enable-vtoken", "--enable-streaming-session"], "--enable-streaming-session: streaming sessions (rows kept across requests) are not supported"),
-    (["--enable-vtoken", "--disaggregation-mode", "decode"], "--disaggregation-mode decode: PD disaggregation is not supported"),
-    (["--enable-vtoken", "--attention-backend", "intel_amx"], "--attention-backend intel_amx: not verified with vToken"),
-    (["--enable-vtoken", "--enable-mixed-chunk"], "--enable-mixed-chunk: mixed prefill/decode batches are not supported"),
+    (
+        ["--enable-vtoken", "--enable-streaming-session"],
+        "--enable-streaming-session: streaming sessions (rows kept across requests) are not supported",
+    ),
+    (
+        ["--enable-vtoken", "--disaggregation-mode", "decode"],
+        "--disaggregation-mode decode: PD disaggregation is not supported",
+    ),
+    (
+        ["--enable-vtoken", "--attention-backend", "intel_amx"],
+        "--attention-backend intel_amx: not verified with vToken",
+    ),
+    (
+        ["--enable-vtoken", "--enable-mixed-chunk"],
+        "--enable-mixed-chunk: mixed prefill/decode batches are not supported",
+    ),
     (["--enable-vtoken", "--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
-    (["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova"),
-    (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-score-every", "2"], "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova"),
-    (["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-history", "8"], "--vtoken-history needs --vtoken-policy scissorhands"),
-    (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-pool", "4"], "--vtoken-pool 4: the pooling width must be odd"),
-    (["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-window", "0"], "--vtoken-window: must be >= 1"),
-    (["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-score-layers", "x"], "--vtoken-score-layers: expected all or a comma-separated list"),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "512", "--vtoken-score-every", "2"],
+        "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-score-every", "2"],
+        "--vtoken-score-every needs --vtoken-policy h2o or scissorhands or tova",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-history", "8"],
+        "--vtoken-history needs --vtoken-policy scissorhands",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-pool", "4"],
+        "--vtoken-pool 4: the pooling width must be odd",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "snapkv", "--vtoken-budget", "512", "--vtoken-window", "0"],
+        "--vtoken-window: must be >= 1",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-score-layers", "x"],
+        "--vtoken-score-layers: expected all or a comma-separated list",
+    ),
 ]
 
 
@@ -54,14 +88,28 @@ def test_good_cli_attaches_config_and_defaults(plugins_loaded, tiny_model):
 
     from vtoken_sglang.config import VTokenConfig
 
-    args = prepare_server_args(["--model-path", tiny_model, "--enable-vtoken", "--vtoken-policy", "streaming",
-                                "--vtoken-budget", "512", "--vtoken-reclaim", "off", "--max-total-tokens", "4096"])
+    args = prepare_server_args(
+        [
+            "--model-path",
+            tiny_model,
+            "--enable-vtoken",
+            "--vtoken-policy",
+            "streaming",
+            "--vtoken-budget",
+            "512",
+            "--vtoken-reclaim",
+            "off",
+            "--max-total-tokens",
+            "4096",
+        ]
+    )
     cfg = VTokenConfig.from_json(args._vtoken_config)
     assert cfg.enabled and cfg.vtoken_policy == "streaming" and cfg.vtoken_budget == 512 and not cfg.vtoken_reclaim
     assert args.page_size == 16 and args.attention_backend == "torch_native" and args.max_total_tokens == 4096
     assert not args.disable_overlap_schedule  # SGLang's overlap scheduler stays on
-    scored = prepare_server_args(["--model-path", tiny_model, "--enable-vtoken", "--vtoken-policy", "h2o",
-                                  "--vtoken-budget", "512"])
+    scored = prepare_server_args(
+        ["--model-path", tiny_model, "--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512"]
+    )
     assert scored.disable_overlap_schedule  # a score-based policy needs each step's queries before the next forward
 
 
@@ -105,17 +153,40 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
         "import sglang as sgl\n"
         f"sgl.Engine(model_path={tiny_model!r}, enable_vtoken=True, vtoken_policy='tova', vtoken_budget=8)\n"
     )
-    help_run, bad_run, engine_run, mamba_run = run_all([
-        [PY, "-m", "sglang.launch_server", "--help"],
-        [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken", "--page-size", "1"],
-        [PY, "-c", engine_script],
-        [PY, "-m", "sglang.launch_server", "--model-path", mamba_model(tiny_model, tmp_path), "--enable-vtoken",
-         "--device", "cpu", "--dtype", "float32"],
-    ])
+    help_run, bad_run, engine_run, mamba_run = run_all(
+        [
+            [PY, "-m", "sglang.launch_server", "--help"],
+            [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken", "--page-size", "1"],
+            [PY, "-c", engine_script],
+            [
+                PY,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                mamba_model(tiny_model, tmp_path),
+                "--enable-vtoken",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+            ],
+        ]
+    )
     assert help_run.returncode == 0
-    for flag in ("--enable-vtoken", "--vtoken-policy", "--vtoken-budget", "--vtoken-budget-ratio", "--vtoken-recent",
-                 "--vtoken-sinks", "--vtoken-reclaim", "--vtoken-theta", "--vtoken-planner", "--vtoken-seed",
-                 "--page-size", "--max-total-tokens"):
+    for flag in (
+        "--enable-vtoken",
+        "--vtoken-policy",
+        "--vtoken-budget",
+        "--vtoken-budget-ratio",
+        "--vtoken-recent",
+        "--vtoken-sinks",
+        "--vtoken-reclaim",
+        "--vtoken-theta",
+        "--vtoken-planner",
+        "--vtoken-seed",
+        "--page-size",
+        "--max-total-tokens",
+    ):
         assert flag in help_run.stdout, flag
     assert bad_run.returncode == 2
     assert "Traceback" not in bad_run.stderr
@@ -124,4 +195,6 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
     assert "vtoken_budget 8 is smaller than vtoken_sinks + vtoken_recent" in engine_run.stderr.strip().splitlines()[-1]
     assert mamba_run.returncode == 2 and "Traceback" not in mamba_run.stderr, mamba_run.stderr[-2000:]
     errors = [line for line in mamba_run.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: model MambaForCausalLM: hybrid mamba / linear-attention models are not supported with vToken"]
+    assert errors == [
+        "error: model MambaForCausalLM: hybrid mamba / linear-attention models are not supported with vToken"
+    ]

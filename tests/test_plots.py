@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmark"))
@@ -23,15 +22,25 @@ import reclaim_sim  # noqa: E402
 
 RESULTS = REPO / "benchmark" / "results"
 INPUTS = ("reclaim_sim.json", "sla_throughput_quick.json", "serve_capacity_shared_prefix_quick.json")
-FIGURES = ("page_utilization.png", "retained_pages.png", "capacity_frontier.png", "throughput_latency.png",
-           "shared_prefix_pages.png")
+FIGURES = (
+    "page_utilization.png",
+    "retained_pages.png",
+    "capacity_frontier.png",
+    "throughput_latency.png",
+    "shared_prefix_pages.png",
+)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_BYTES = 10_000  # a figure with axes, bars and text; an empty canvas is a few KB
 
 
 def run_plots(results: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmark/plots.py", "--results", str(results), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "benchmark/plots.py", "--results", str(results), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def check_figures(run: subprocess.CompletedProcess, out: Path) -> None:
@@ -65,14 +74,46 @@ def server_results(folder: Path) -> None:
     inf = float("inf")
     sla = []
     for k, (mode, policy) in enumerate((("plain", "none"), ("naive", "random"), ("vtoken", "random"))):
-        points = [{"rate": rate, "completed": 4, "output_throughput": 100.0 + 10 * k + 5 * i, "p95_latency_s": 2.0 + i - 0.3 * k}
-                  for i, rate in enumerate((1.0, 2.0, inf))]
-        sla.append({"mode": mode, "policy": policy, "requests": 4, "input_len": 8, "output_len": 32, "max_total_tokens": 512,
-                    "points": points, "saturation_rate": inf, "sla_latency_s": 4.2, "sla_throughput": max(p["output_throughput"] for p in points)})
+        points = [
+            {
+                "rate": rate,
+                "completed": 4,
+                "output_throughput": 100.0 + 10 * k + 5 * i,
+                "p95_latency_s": 2.0 + i - 0.3 * k,
+            }
+            for i, rate in enumerate((1.0, 2.0, inf))
+        ]
+        sla.append(
+            {
+                "mode": mode,
+                "policy": policy,
+                "requests": 4,
+                "input_len": 8,
+                "output_len": 32,
+                "max_total_tokens": 512,
+                "points": points,
+                "saturation_rate": inf,
+                "sla_latency_s": 4.2,
+                "sla_throughput": max(p["output_throughput"] for p in points),
+            }
+        )
     (folder / INPUTS[1]).write_text(json.dumps({"runs": sla}))
-    shared = [{"mode": mode, "policy": "random", "budget_ratio": 0.25, "degree": degree, "requests": 4, "system_len": 64,
-               "question_len": 8, "output_len": 32, "mean_held_pages": 40.0 / degree + 5 * m, "peak_held_pages": 60 // degree + 5 * m}
-              for m, mode in enumerate(("cow", "no-cow", "naive")) for degree in (1, 2, 4)]
+    shared = [
+        {
+            "mode": mode,
+            "policy": "random",
+            "budget_ratio": 0.25,
+            "degree": degree,
+            "requests": 4,
+            "system_len": 64,
+            "question_len": 8,
+            "output_len": 32,
+            "mean_held_pages": 40.0 / degree + 5 * m,
+            "peak_held_pages": 60 // degree + 5 * m,
+        }
+        for m, mode in enumerate(("cow", "no-cow", "naive"))
+        for degree in (1, 2, 4)
+    ]
     (folder / INPUTS[2]).write_text(json.dumps({"runs": shared}))
 
 
@@ -81,7 +122,10 @@ def fresh_results(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("results")
     threads = torch.get_num_threads()
     try:  # the real script, in this process (it sets torch's threads to 1: put them back)
-        assert reclaim_sim.main(["--quick", "--policies", "random", "--ratios", "0.5", "--json", str(folder / INPUTS[0])]) == 0
+        assert (
+            reclaim_sim.main(["--quick", "--policies", "random", "--ratios", "0.5", "--json", str(folder / INPUTS[0])])
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)
     server_results(folder)

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from core_helpers import MiniEngine
+
 from vtoken_sglang.policies import POLICIES, PolicyConfig, make_policy
 from vtoken_sglang.policies.random import mix_hash
 

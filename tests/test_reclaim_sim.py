@@ -4,7 +4,6 @@ and fits more requests than Naive-Evict under random eviction (and not under non
 import sys
 
 import pytest
-
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmark"))
@@ -23,7 +22,9 @@ def test_small_memory_run_and_capacity():
     assert vtoken["pages"] <= 1.05 * vtoken["lower_bound_pages"] + SMALL.requests < naive["pages"]
     assert vtoken["mean_F"] < 0.1 < naive["mean_F"] and vtoken["tokens_moved"] > 0
     budget = 4 * 512 // 16
-    assert reclaim_sim.capacity(SMALL, "random", 0.5, "vtoken", budget) > reclaim_sim.capacity(SMALL, "random", 0.5, "naive", budget)
+    assert reclaim_sim.capacity(SMALL, "random", 0.5, "vtoken", budget) > reclaim_sim.capacity(
+        SMALL, "random", 0.5, "naive", budget
+    )
 
 
 def test_no_eviction_no_gain():

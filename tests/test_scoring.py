@@ -33,7 +33,9 @@ def hf_run(tiny_model):
         return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("vtoken_capture", capture)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="vtoken_capture")
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model, torch_dtype=torch.float32, attn_implementation="vtoken_capture"
+    )
     ids = torch.randint(10, 2000, (1, 77), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model(ids, output_attentions=True)
@@ -51,7 +53,7 @@ def _as_pool(key: torch.Tensor, seed: int):
 
 def test_scores_equal_hf_attention_probabilities(hf_run):
     cfg, captured, probs = hf_run
-    scale = cfg.head_dim ** -0.5
+    scale = cfg.head_dim**-0.5
     assert cfg.num_attention_heads != cfg.num_key_value_heads  # the tiny model is GQA
     for layer, ((q, k), p) in enumerate(zip(captured, probs)):
         p = p[:, -1, :]  # the newest query
@@ -65,11 +67,13 @@ def test_live_row_subset_and_batch(hf_run):
     """A compacted row (only some tokens live, in logical order) renormalizes over the live set; rows of a batch
     with different lengths are independent."""
     cfg, captured, _ = hf_run
-    scale = cfg.head_dim ** -0.5
+    scale = cfg.head_dim**-0.5
     q, k = captured[1]
     T = k.shape[2]
     pool, slots = _as_pool(k, seed=5)
-    live = torch.tensor(sorted(torch.randperm(T - 1, generator=torch.Generator().manual_seed(1))[:30].tolist()) + [T - 1])
+    live = torch.tensor(
+        sorted(torch.randperm(T - 1, generator=torch.Generator().manual_seed(1))[:30].tolist()) + [T - 1]
+    )
     qn = q[0, :, -1, :]
     rows = torch.zeros(2, T, dtype=torch.int64)
     rows[0, : len(live)] = slots[live]
@@ -79,7 +83,7 @@ def test_live_row_subset_and_batch(hf_run):
     kk = k[0][:, live].repeat_interleave(group, 0)  # [Hq, L, D]
     want = torch.softmax(torch.einsum("hd,hld->hl", qn, kk) * scale, -1).sum(0)
     torch.testing.assert_close(got[0, : len(live)], want, rtol=1e-4, atol=1e-6)
-    assert bool((got[0, len(live):] == 0).all())
+    assert bool((got[0, len(live) :] == 0).all())
     assert got[1].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
 
 
@@ -101,7 +105,9 @@ def test_snapkv_window_scores_equal_hf(hf_run):
     col.begin_forward(False, [T, T - prefix], [0, prefix])
     for layer, (q, _) in enumerate(captured):
         rows = q[0].transpose(0, 1).reshape(T, -1)  # [T, Hq * D], the engine's layout
-        col.save_query(layer, torch.cat([rows, rows[prefix:]]), cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5)
+        col.save_query(
+            layer, torch.cat([rows, rows[prefix:]]), cfg.num_attention_heads, cfg.head_dim, cfg.head_dim**-0.5
+        )
     got = col.window_scores(lambda layer: pools[layer][0], [perm, perm])
     want = torch.stack([p[:, -w:, :].sum(1).mean(0) for p in probs]).mean(0)
     for g in got:
@@ -115,7 +121,8 @@ from vtoken_sglang.scoring.reference import decode_scores_headsum
 from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
 g = torch.Generator().manual_seed(0)
 device = "cuda" if torch.cuda.is_available() else "cpu"
-for B, Hq, Hkv, D, W, block in [(3, 4, 2, 32, 50, 16), (2, 6, 2, 24, 37, 16), (2, 8, 8, 16, 5, 32), (4, 32, 8, 128, 70, 32)]:
+SHAPES = [(3, 4, 2, 32, 50, 16), (2, 6, 2, 24, 37, 16), (2, 8, 8, 16, 5, 32), (4, 32, 8, 128, 70, 32)]
+for B, Hq, Hkv, D, W, block in SHAPES:
     k = torch.randn(300, Hkv, D, generator=g)
     slots = torch.stack([torch.randperm(300, generator=g)[:W] for _ in range(B)])
     live = torch.randint(1, W + 1, (B,), generator=g)
@@ -157,7 +164,8 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
     """In the real server: (1) the scores collected for a decoding request (tova) and SnapKV's prefill window
     scores equal transformers' attention probabilities for the same tokens; (2) for tova, scissorhands and snapkv
     (radix cache on: snapkv's prompt victims leave the tree's pages by copy-on-write), Naive-Evict and vToken give
-    identical greedy tokens, vToken holds fewer pages, nothing leaks. (h2o runs in test_tp: TP 2, scores summed over the ranks.)"""
+    identical greedy tokens, vToken holds fewer pages, nothing leaks. (h2o runs in test_tp: TP 2, scores summed over
+    the ranks.)"""
     from transformers import AutoModelForCausalLM
 
     from vtoken_sglang.serving import SglangServer, default_server_args
@@ -166,8 +174,17 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
     runs, dumps = {}, {}
     for policy in SCORE_POLICIES:
         for reclaim in ("off", "on"):
-            flags = default_server_args() + ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget", "96",
-                                             "--vtoken-recent", "8", "--vtoken-reclaim", reclaim]
+            flags = default_server_args() + [
+                "--enable-vtoken",
+                "--vtoken-policy",
+                policy,
+                "--vtoken-budget",
+                "96",
+                "--vtoken-recent",
+                "8",
+                "--vtoken-reclaim",
+                reclaim,
+            ]
             if policy == "snapkv":
                 flags += ["--vtoken-window", "8"]  # radix cache on: its prompt pages go by copy-on-write
             dump = tmp_path / f"{policy}-{reclaim}.pt"
@@ -175,17 +192,27 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
             env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump)} if first else STRICT
             with SglangServer(tiny_model, flags, env=env) as s:
                 if first:  # 77 + 6 tokens < 96 + slack: scores over the full sequence, no eviction
-                    s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
+                    s.post(
+                        "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}
+                    )
                     deadline, steps = time.monotonic() + 30, []  # the server writes the dump when it goes idle
                     while not (steps and steps[0][0][: len(prompt)] == prompt) and time.monotonic() < deadline:
                         time.sleep(0.5)
                         steps = torch.load(dump) if dump.exists() else []
                     dumps[policy] = steps
-                out = s.post("/generate", {"input_ids": PROMPT_IDS, "sampling_params": {
-                    "max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}})
+                out = s.post(
+                    "/generate",
+                    {
+                        "input_ids": PROMPT_IDS,
+                        "sampling_params": {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True},
+                    },
+                )
                 time.sleep(2)
                 runs[policy, reclaim] = (
-                    [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text())
+                    [o["output_ids"] for o in out],
+                    s.get("/get_server_info")["internal_states"][0]["vtoken"],
+                    s.log_text(),
+                )
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
     assert [len(seen) for seen, _ in dumps["tova"]] == [78, 79, 80, 81]

@@ -5,8 +5,8 @@ the offline sgl.Engine generates with vToken keyword arguments."""
 import json
 
 import pytest
-
 from conftest import PY, REPO, run_all
+
 from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
@@ -58,10 +58,21 @@ def test_bad_request_fails_alone(vtoken_server):
 
 
 def test_frontend_programs(vtoken_server):
-    fork_run, qa_run = run_all([
-        [PY, str(REPO / "python/multi_turn_fork.py"), "--url", vtoken_server.url, "--branches", "3"],
-        [PY, str(REPO / "python/long_doc_qa.py"), "--url", vtoken_server.url, "--questions", "5", "--doc-words", "600"],
-    ])
+    fork_run, qa_run = run_all(
+        [
+            [PY, str(REPO / "python/multi_turn_fork.py"), "--url", vtoken_server.url, "--branches", "3"],
+            [
+                PY,
+                str(REPO / "python/long_doc_qa.py"),
+                "--url",
+                vtoken_server.url,
+                "--questions",
+                "5",
+                "--doc-words",
+                "600",
+            ],
+        ]
+    )
     assert fork_run.returncode == 0, fork_run.stderr[-3000:]
     chats = json.loads(fork_run.stdout)
     assert len(chats) == 2 and all(len(c["details"]) == 3 and isinstance(c["summary"], str) for c in chats)
@@ -72,11 +83,41 @@ def test_frontend_programs(vtoken_server):
 
 def test_bench_serving_completes(vtoken_server, tiny_model, tmp_path):
     out = tmp_path / "bench.jsonl"
-    (run,) = run_all([[PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", vtoken_server.url,
-                       "--model", tiny_model, "--tokenizer", tiny_model, "--dataset-name", "random-ids",
-                       "--num-prompts", "24", "--random-input-len", "128", "--random-output-len", "32",
-                       "--random-range-ratio", "0.5", "--request-rate", "inf", "--seed", "1", "--disable-tqdm",
-                       "--output-file", str(out)]], timeout=600)
+    (run,) = run_all(
+        [
+            [
+                PY,
+                "-m",
+                "sglang.bench_serving",
+                "--backend",
+                "sglang",
+                "--base-url",
+                vtoken_server.url,
+                "--model",
+                tiny_model,
+                "--tokenizer",
+                tiny_model,
+                "--dataset-name",
+                "random-ids",
+                "--num-prompts",
+                "24",
+                "--random-input-len",
+                "128",
+                "--random-output-len",
+                "32",
+                "--random-range-ratio",
+                "0.5",
+                "--request-rate",
+                "inf",
+                "--seed",
+                "1",
+                "--disable-tqdm",
+                "--output-file",
+                str(out),
+            ]
+        ],
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text().strip().splitlines()[-1])
     assert result["completed"] == 24 and result["output_throughput"] > 0

@@ -11,7 +11,7 @@ import sla_throughput  # noqa: E402
 
 
 def sweep(*points):
-    return {"points": [{"rate": r, "output_throughput": t, "p95_latency_s": l} for r, t, l in points]}
+    return {"points": [{"rate": r, "output_throughput": t, "p95_latency_s": p95} for r, t, p95 in points]}
 
 
 def test_saturation_is_the_first_rate_near_the_best_throughput():

@@ -20,8 +20,20 @@ IDLE = re.compile(r"\[vtoken\] idle tp_rank=(\d) (\{.*\})")
 
 def run_tp2(tiny_model, policy: str, reclaim: str, planner: str = "inline") -> tuple[list, dict[int, dict]]:
     flags = default_server_args(max_total_tokens=8192) + [
-        "--tp", "2", "--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget-ratio", "0.5",
-        "--vtoken-recent", "8", "--vtoken-reclaim", reclaim, "--vtoken-planner", planner]
+        "--tp",
+        "2",
+        "--enable-vtoken",
+        "--vtoken-policy",
+        policy,
+        "--vtoken-budget-ratio",
+        "0.5",
+        "--vtoken-recent",
+        "8",
+        "--vtoken-reclaim",
+        reclaim,
+        "--vtoken-planner",
+        planner,
+    ]
     with SglangServer(tiny_model, flags, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}) as s:
         ids = [o["output_ids"] for o in s.generate(PROMPTS, 120, ignore_eos=True)]
         import time

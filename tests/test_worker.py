@@ -12,14 +12,14 @@ import time
 import pytest
 import torch
 import zmq
+from core_helpers import MiniEngine, stamp
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from core_helpers import MiniEngine, stamp
 from vtoken_sglang.core.integrity import check_integrity
 from vtoken_sglang.core.planner import plan_reclaim
-from vtoken_sglang.worker import protocol
 from vtoken_sglang.integration.worker_link import MAX_BACKOFF, WorkerLink
+from vtoken_sglang.worker import protocol
 from vtoken_sglang.worker.client import WorkerPlanner
 
 
@@ -81,7 +81,11 @@ def test_worker_plans_equal_inline_and_garbage_is_dropped(worker):
     rogue.connect(w.endpoint)
     bad = plan_reclaim(snap)
     bad = type(bad)(bad.epoch, bad.rows + 100, bad.n_dst, bad.src_pages, bad.src_row, bad.src_live)
-    for frames in ([b"garbage"], [json.dumps({"v": protocol.VERSION, "type": "plan", "epoch": 0, "arrays": []}).encode()], protocol.encode_plan(bad)):
+    for frames in (
+        [b"garbage"],
+        [json.dumps({"v": protocol.VERSION, "type": "plan", "epoch": 0, "arrays": []}).encode()],
+        protocol.encode_plan(bad),
+    ):
         rogue.send_multipart(frames)
     wait_for(lambda: (w.poll(), w.stats.messages_ignored >= 3)[1])
     rogue.close(0)
@@ -138,23 +142,30 @@ def test_protocol_rejects_malformed_messages():
     snap = fragmented_engine().reclaimer.snapshot()
     good = protocol.encode_snapshot(snap, 8)
     assert protocol.decode(good)[0] == "snapshot"
-    for frames in ([], [b"[1]"], good[:2], [good[0]] + good[1:3] + [good[3][:-1]],
-                   [edit_header(good[0], lambda h: h.update(v=protocol.VERSION - 1))] + good[1:],
-                   [edit_header(good[0], lambda h: h.pop("num_rows"))] + good[1:],
-                   [edit_header(good[0], lambda h: h.update(num_rows=1))] + good[1:],  # owners up to 5
-                   [good[0].replace(b'"snapshot"', b'"plan"')] + good[1:],
-                   # headers that once raised other errors (IndexError, TypeError, RecursionError, ValueError)
-                   [edit_header(good[0], lambda h: h["arrays"][0].pop())] + good[1:],
-                   [edit_header(good[0], lambda h: h.update(type=["snapshot"]))] + good[1:],
-                   [b"[" * 100_000 + b"]" * 100_000], [b'{"v": ' + b"1" * 5000 + b"}"]):
+    for frames in (
+        [],
+        [b"[1]"],
+        good[:2],
+        [good[0]] + good[1:3] + [good[3][:-1]],
+        [edit_header(good[0], lambda h: h.update(v=protocol.VERSION - 1))] + good[1:],
+        [edit_header(good[0], lambda h: h.pop("num_rows"))] + good[1:],
+        [edit_header(good[0], lambda h: h.update(num_rows=1))] + good[1:],  # owners up to 5
+        [good[0].replace(b'"snapshot"', b'"plan"')] + good[1:],
+        # headers that once raised other errors (IndexError, TypeError, RecursionError, ValueError)
+        [edit_header(good[0], lambda h: h["arrays"][0].pop())] + good[1:],
+        [edit_header(good[0], lambda h: h.update(type=["snapshot"]))] + good[1:],
+        [b"[" * 100_000 + b"]" * 100_000],
+        [b'{"v": ' + b"1" * 5000 + b"}"],
+    ):
         with pytest.raises(protocol.ProtocolError):
             protocol.decode(frames)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 300) | st.integers() | st.floats(allow_nan=False)
-                    | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-                    max_leaves=6)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 300) | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -167,14 +178,18 @@ def test_protocol_fuzz_raises_only_protocol_errors(data):
     Token Table and pool stay consistent."""
     eng = fragmented_engine()
     snap = eng.reclaimer.snapshot()
-    frames = [bytes(f) for f in data.draw(st.sampled_from([protocol.encode_snapshot(snap, 8),
-                                                           protocol.encode_plan(plan_reclaim(snap))]))]
+    frames = [
+        bytes(f)
+        for f in data.draw(
+            st.sampled_from([protocol.encode_snapshot(snap, 8), protocol.encode_plan(plan_reclaim(snap))])
+        )
+    ]
     if data.draw(st.booleans()):  # bytes
         i = data.draw(st.integers(0, len(frames) - 1))
         f = bytearray(frames[i])
         for _ in range(data.draw(st.integers(1, 4))):
             at, cut = data.draw(st.integers(0, len(f))), data.draw(st.integers(0, 8))
-            f[at:at + cut] = data.draw(st.binary(max_size=8))
+            f[at : at + cut] = data.draw(st.binary(max_size=8))
         frames[i] = bytes(f)
     else:  # the header's structure
         header = json.loads(frames[0])
@@ -227,10 +242,12 @@ def test_kill_and_hang_are_survived(worker):
 
 def test_no_worker_outlives_its_parent(tmp_path):
     """A parent that dies without closing: its worker notices, removes the parent's socket file and exits."""
-    script = ("from vtoken_sglang.worker.client import WorkerPlanner\nimport os, time\n"
-              "w = WorkerPlanner(16, 4)\n"
-              "while not (w.poll() or w.ready): time.sleep(0.05)\n"
-              "print(w.proc.pid, w.endpoint, flush=True)\nos._exit(0)\n")
+    script = (
+        "from vtoken_sglang.worker.client import WorkerPlanner\nimport os, time\n"
+        "w = WorkerPlanner(16, 4)\n"
+        "while not (w.poll() or w.ready): time.sleep(0.05)\n"
+        "print(w.proc.pid, w.endpoint, flush=True)\nos._exit(0)\n"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     pid, endpoint = int(out.stdout.split()[0]), out.stdout.split()[1]
     socket_file = endpoint.removeprefix("ipc://")

@@ -134,30 +134,70 @@ class VTokenConfig:
     ``budget`` and ``budget_ratio`` are not both set; with a policy other than ``none`` exactly one of them is set;
     an absolute budget covers ``sinks + recent``; a policy-specific option keeps its default under other policies."""
 
-    enable_vtoken: bool = option(False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", _parse_bool)
-    vtoken_policy: str = option("none", f"Eviction policy: {', '.join(POLICIES)} (none: hooks only, no eviction).", _parse_choice(POLICIES))
-    vtoken_budget: int | None = option(None, "Tokens of KV kept per request (absolute). Exclusive with --vtoken-budget-ratio.", _optional(_parse_int(1)))
-    vtoken_budget_ratio: float | None = option(None, "Fraction of each request's tokens kept, in (0, 1]. Exclusive with --vtoken-budget.", _optional(_parse_float(0.0, 1.0, lo_open=True)))
+    enable_vtoken: bool = option(
+        False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", _parse_bool
+    )
+    vtoken_policy: str = option(
+        "none", f"Eviction policy: {', '.join(POLICIES)} (none: hooks only, no eviction).", _parse_choice(POLICIES)
+    )
+    vtoken_budget: int | None = option(
+        None,
+        "Tokens of KV kept per request (absolute). Exclusive with --vtoken-budget-ratio.",
+        _optional(_parse_int(1)),
+    )
+    vtoken_budget_ratio: float | None = option(
+        None,
+        "Fraction of each request's tokens kept, in (0, 1]. Exclusive with --vtoken-budget.",
+        _optional(_parse_float(0.0, 1.0, lo_open=True)),
+    )
     vtoken_recent: int = option(64, "Most recent tokens always kept (recent window).", _parse_int(0))
     vtoken_sinks: int = option(4, "First tokens always kept (attention sinks).", _parse_int(0))
-    vtoken_reclaim: bool = option(True, "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation).", _parse_on_off)
-    vtoken_theta: float = option(0.05, "Fragmentation F above which reclaim is planned, in [0, 1] (the paper: 0.25).", _parse_float(0.0, 1.0))
-    vtoken_planner: str = option("inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline.", _parse_choice(PLANNERS))
+    vtoken_reclaim: bool = option(
+        True,
+        "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation).",
+        _parse_on_off,
+    )
+    vtoken_theta: float = option(
+        0.05, "Fragmentation F above which reclaim is planned, in [0, 1] (the paper: 0.25).", _parse_float(0.0, 1.0)
+    )
+    vtoken_planner: str = option(
+        "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline.", _parse_choice(PLANNERS)
+    )
     vtoken_seed: int = option(0, "Seed of the random policy (identical on every TP rank).", _parse_int(0))
-    vtoken_score_layers: str = option("all", "Layers whose attention feeds score-based policies: all, or indices like 0,-1.", _parse_layers, SCORE_POLICIES)
-    vtoken_score_every: int = option(1, "Collect attention scores every k decode steps.", _parse_int(1), DECODE_SCORE_POLICIES)
-    vtoken_history: int = option(32, "History window, in scored steps, over which importance must persist.", _parse_int(1), ("scissorhands",))
-    vtoken_window: int = option(32, "Observation window: the last prompt queries whose attention ranks the prompt.", _parse_int(1), ("snapkv",))
+    vtoken_score_layers: str = option(
+        "all",
+        "Layers whose attention feeds score-based policies: all, or indices like 0,-1.",
+        _parse_layers,
+        SCORE_POLICIES,
+    )
+    vtoken_score_every: int = option(
+        1, "Collect attention scores every k decode steps.", _parse_int(1), DECODE_SCORE_POLICIES
+    )
+    vtoken_history: int = option(
+        32, "History window, in scored steps, over which importance must persist.", _parse_int(1), ("scissorhands",)
+    )
+    vtoken_window: int = option(
+        32, "Observation window: the last prompt queries whose attention ranks the prompt.", _parse_int(1), ("snapkv",)
+    )
     vtoken_pool: int = option(7, "Max-pooling width over neighbouring positions (odd).", _parse_int(1), ("snapkv",))
-    vtoken_cow: bool = option(True, "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper).", _parse_on_off)
+    vtoken_cow: bool = option(
+        True,
+        "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and "
+        "unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper).",
+        _parse_on_off,
+    )
 
     @classmethod
-    def build(cls, values: Mapping[str, Any], display: Callable[[str], str] = lambda n: OPTION_BY_NAME[n].flag) -> VTokenConfig:
+    def build(
+        cls, values: Mapping[str, Any], display: Callable[[str], str] = lambda n: OPTION_BY_NAME[n].flag
+    ) -> VTokenConfig:
         """Parse and validate user values (missing keys take defaults). ``display`` names a field in errors
         (``--vtoken-budget`` for the CLI, ``vtoken_budget=`` for ``sgl.Engine``)."""
         unknown = sorted(set(values) - set(OPTION_BY_NAME))
         if unknown:
-            raise ConfigError(f"unknown vToken option {display(unknown[0]) if unknown[0] in OPTION_BY_NAME else unknown[0]}")
+            raise ConfigError(
+                f"unknown vToken option {display(unknown[0]) if unknown[0] in OPTION_BY_NAME else unknown[0]}"
+            )
         parsed: dict[str, Any] = {}
         for opt in OPTIONS:
             raw = values.get(opt.name, opt.default)
@@ -172,23 +212,29 @@ class VTokenConfig:
     def _check_combinations(self, display: Callable[[str], str]) -> None:
         budget, ratio = self.vtoken_budget, self.vtoken_budget_ratio
         if budget is not None and ratio is not None:
-            raise ConfigError(f"{display('vtoken_budget')} and {display('vtoken_budget_ratio')} are exclusive; give one")
+            raise ConfigError(
+                f"{display('vtoken_budget')} and {display('vtoken_budget_ratio')} are exclusive; give one"
+            )
         if self.vtoken_policy == "none" and (budget is not None or ratio is not None):
             given = "vtoken_budget" if budget is not None else "vtoken_budget_ratio"
             raise ConfigError(f"{display(given)} needs an eviction policy; {display('vtoken_policy')} is none")
         if self.vtoken_policy != "none" and budget is None and ratio is None:
             raise ConfigError(
-                f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or {display('vtoken_budget_ratio')}"
+                f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or "
+                f"{display('vtoken_budget_ratio')}"
             )
         for opt in OPTIONS:
             if getattr(self, opt.name) != opt.default and self.vtoken_policy not in opt.policies:
                 raise ConfigError(f"{display(opt.name)} needs {display('vtoken_policy')} {' or '.join(opt.policies)}")
         if self.vtoken_pool % 2 == 0:
-            raise ConfigError(f"{display('vtoken_pool')} {self.vtoken_pool}: the pooling width must be odd (centred on each position)")
+            raise ConfigError(
+                f"{display('vtoken_pool')} {self.vtoken_pool}: the pooling width must be odd (centred on each position)"
+            )
         floor = self.vtoken_sinks + self.vtoken_recent
         if budget is not None and budget < floor:
             raise ConfigError(
-                f"{display('vtoken_budget')} {budget} is smaller than {display('vtoken_sinks')} + {display('vtoken_recent')} "
+                f"{display('vtoken_budget')} {budget} is smaller than {display('vtoken_sinks')} + "
+                f"{display('vtoken_recent')} "
                 f"({self.vtoken_sinks} + {self.vtoken_recent} = {floor})"
             )
 
@@ -208,8 +254,10 @@ class VTokenConfig:
             return "vToken off"
         budget = self.vtoken_budget if self.vtoken_budget is not None else self.vtoken_budget_ratio
         return (
-            f"vToken on: policy={self.vtoken_policy} budget={budget} sinks={self.vtoken_sinks} recent={self.vtoken_recent} "
-            f"reclaim={'on' if self.vtoken_reclaim else 'off'} cow={'on' if self.vtoken_cow else 'off'} theta={self.vtoken_theta} planner={self.vtoken_planner} seed={self.vtoken_seed}"
+            f"vToken on: policy={self.vtoken_policy} budget={budget} sinks={self.vtoken_sinks} "
+            f"recent={self.vtoken_recent} "
+            f"reclaim={'on' if self.vtoken_reclaim else 'off'} cow={'on' if self.vtoken_cow else 'off'} "
+            f"theta={self.vtoken_theta} planner={self.vtoken_planner} seed={self.vtoken_seed}"
         )
 
 
@@ -222,7 +270,13 @@ def _describe(default: Any, parse: Callable[[Any], Any]) -> str:
 
 
 OPTIONS: tuple[Option, ...] = tuple(
-    Option(f.name, f.default, f.metadata["help"] + _describe(f.default, f.metadata["parse"]), f.metadata["parse"], f.metadata["policies"])
+    Option(
+        f.name,
+        f.default,
+        f.metadata["help"] + _describe(f.default, f.metadata["parse"]),
+        f.metadata["parse"],
+        f.metadata["policies"],
+    )
     for f in dataclasses.fields(VTokenConfig)
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -78,8 +78,18 @@ class SglangServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", "127.0.0.1",
-                "--port", str(self.port), *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     def start(self) -> SglangServer:
         if self.log_path is None:
@@ -87,8 +97,9 @@ class SglangServer:
             os.close(fd)
             self.log_path = Path(name)
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=cpu_env(self.env),
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=cpu_env(self.env), start_new_session=True
+        )
         log.close()
         try:
             self._wait_ready()
@@ -101,7 +112,9 @@ class SglangServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up; log tail:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} during start-up; log tail:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -141,8 +154,9 @@ class SglangServer:
     # ------------------------------------------------------------------ small HTTP client
 
     def post(self, path: str, payload: dict, timeout: float = 300.0) -> Any:
-        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 

@@ -93,7 +93,9 @@ def _unsupported(name: str):
         )
 
     op.__name__ = name
-    op.__doc__ = "Imported by sglang at load time; only speculative decoding calls it, which CPU serving here does not run."
+    op.__doc__ = (
+        "Imported by sglang at load time; only speculative decoding calls it, which CPU serving here does not run."
+    )
     return op
 
 

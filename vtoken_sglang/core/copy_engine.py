@@ -3,16 +3,16 @@
 Contract (one interface, two implementations):
 - ``copy(src, dst)`` enqueues the copy after all work already issued on the caller's stream (the forward that
   last wrote the sources) and returns a ``Ticket``. Sources and destinations are disjoint.
-- ``order_before_next_forward(ticket)``: work issued afterwards on the caller's stream (the row rewrite, then the next forward
-  that reads the new rows) runs only after the copy completed (I3). No host synchronization.
+- ``order_before_next_forward(ticket)``: work issued afterwards on the caller's stream (the row rewrite, then the
+  next forward that reads the new rows) runs only after the copy completed (I3). No host synchronization.
 - ``fence()``: a marker after the work issued so far on the caller's stream; ``Fence.done()`` tells, without
   blocking, whether it has completed. Source pages are released only when the fence taken after the last
   forward that could read them is done (the grace period).
 - ``producer``: a stream the forwards run on when it is not the caller's (SGLang's overlap scheduler: the caller
   is the scheduling stream, and the forward of the last step may still run). Every copy also waits for the work
   already queued there: the forward that wrote the sources, and that may still read freed pages a copy writes.
-  The next forward is queued after the caller's stream, so ``order_before_next_forward`` orders it after the copy, and pages
-  freed by eviction or by a plan are next written only after that forward: no grace period is needed.
+  The next forward is queued after the caller's stream, so ``order_before_next_forward`` orders it after the copy,
+  and pages freed by eviction or by a plan are next written only after that forward: no grace period is needed.
 
 ``CpuCopyEngine`` is synchronous (every fence is done at once). ``CudaCopyEngine`` copies on a dedicated stream
 ordered by CUDA events; its kernel is warmed up at construction.

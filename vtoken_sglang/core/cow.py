@@ -73,7 +73,9 @@ def _suffix_start(path: Sequence[int], ok) -> int:
     return i
 
 
-def plan_cow(holders: Sequence[Holder], nodes: dict[int, PrefixNode], page_size: int, allow_copies: bool = True) -> CowPlan:
+def plan_cow(
+    holders: Sequence[Holder], nodes: dict[int, PrefixNode], page_size: int, allow_copies: bool = True
+) -> CowPlan:
     """Decide which holders copy, and from which cut. Deterministic (the same input gives the same plan, so every
     tensor-parallel rank agrees)."""
     holders_of: dict[int, list[int]] = {}

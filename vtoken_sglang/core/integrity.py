@@ -58,7 +58,9 @@ def check_integrity(
     free = pool.free_ids()
     is_free = torch.zeros_like(pool.in_flight).index_fill_(0, free, True)
     _require(len(torch.unique(free)) == len(free), "free list has duplicates")
-    _require(bool((owner[free] == FREE).all()) and bool((live[free] == 0).all()), "a free page has an owner or live tokens")
+    _require(
+        bool((owner[free] == FREE).all()) and bool((live[free] == 0).all()), "a free page has an owner or live tokens"
+    )
     if pool.tracks_every_page:
         _require(int((owner == FREE).sum()) == len(free), "a page is neither free nor allocated")
         _require(pool.used_pages() + len(free) == pool.num_pages, "free + allocated != total")
@@ -69,7 +71,10 @@ def check_integrity(
     pages = slots // P
     private = owner[pages] >= 0
     _require(not bool(is_free[pages].any()), "a live entry points into a free page")
-    _require(bool((owner[pages][private] == rows[private].to(torch.int32)).all()), "a live entry points into another request's page (I2)")
+    _require(
+        bool((owner[pages][private] == rows[private].to(torch.int32)).all()),
+        "a live entry points into another request's page (I2)",
+    )
     counted = torch.zeros_like(live).index_add_(0, pages[private], torch.ones_like(pages[private], dtype=live.dtype))
     priv_pages = owner >= 0
     _require(bool((counted[priv_pages] == live[priv_pages]).all()), "page live counts differ from the table")
@@ -77,9 +82,14 @@ def check_integrity(
     # ---- in flight and leaks
     _require(not bool(pool.in_flight[pages].any()), "a live entry points into a page in flight (I3)")
     empty_private = priv_pages & (live == 0)
-    _require(bool((pool.in_flight[empty_private]).all()), "an empty private page is neither freed nor awaiting release (leak)")
+    _require(
+        bool((pool.in_flight[empty_private]).all()),
+        "an empty private page is neither freed nor awaiting release (leak)",
+    )
     owners = owner[priv_pages].to(torch.int64)
-    _require(bool((table.active[owners] | pool.in_flight[priv_pages]).all()), "a page is owned by an ended request (leak)")
+    _require(
+        bool((table.active[owners] | pool.in_flight[priv_pages]).all()), "a page is owned by an ended request (leak)"
+    )
     _require(int(owner[0]) == TREE, "the padding page was handed out")
     # ---- I1: logical order and ids
     if rows.numel():
@@ -90,5 +100,9 @@ def check_integrity(
     if kv is not None and kv_stamp is not None and rows.numel():
         expected = kv_stamp(rows, logical)
         for buf in kv:
-            _require(torch.equal(buf[slots].reshape(expected.shape[0], -1), expected.to(buf.dtype).reshape(expected.shape[0], -1)),
-                     "K/V bytes of a live token changed (I1)")
+            _require(
+                torch.equal(
+                    buf[slots].reshape(expected.shape[0], -1), expected.to(buf.dtype).reshape(expected.shape[0], -1)
+                ),
+                "K/V bytes of a live token changed (I1)",
+            )

@@ -51,7 +51,12 @@ class Plan:
     src_live: torch.Tensor  # int32 [m]
 
     ARRAYS: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("rows", "int64"), ("n_dst", "int64"), ("src_pages", "int64"), ("src_row", "int64"), ("src_live", "int32"))
+        ("rows", "int64"),
+        ("n_dst", "int64"),
+        ("src_pages", "int64"),
+        ("src_row", "int64"),
+        ("src_live", "int32"),
+    )
     """The tensor fields and their dtypes, in wire order (``worker.protocol``)."""
 
     def to(self, device: torch.device | str) -> Plan:
@@ -170,7 +175,9 @@ class Moves:
     dst: torch.Tensor
 
 
-def pack_moves(slots: torch.Tensor, live_len: torch.Tensor, plan: Plan, dst_pages: torch.Tensor, page_size: int) -> Moves:
+def pack_moves(
+    slots: torch.Tensor, live_len: torch.Tensor, plan: Plan, dst_pages: torch.Tensor, page_size: int
+) -> Moves:
     """Greedy packing in logical order: the live entries of each planned row that lie in its source pages take,
     in row (= logical) order, consecutive slots of its destination pages (``dst_pages``: the rows' destination
     pages concatenated in ``plan.rows`` order). ``slots``/``live_len``: the Token Table's row store."""

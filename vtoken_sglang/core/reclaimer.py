@@ -150,7 +150,9 @@ class Reclaimer:
         at = torch.searchsorted(rows, src_row).clamp_(max=max(k - 1, 0))
         if m and (k == 0 or not bool((rows[at] == src_row).all())):
             return "malformed: a source page of a row the plan does not name"
-        moving = torch.zeros(k, dtype=torch.int64, device=rows.device).index_add_(0, order[at], plan.src_live.to(torch.int64))
+        moving = torch.zeros(k, dtype=torch.int64, device=rows.device).index_add_(
+            0, order[at], plan.src_live.to(torch.int64)
+        )
         if bool((moving > plan.n_dst * P).any()):
             return "malformed: fewer destination slots than tokens to move"
         return None
@@ -165,7 +167,9 @@ class Reclaimer:
                 self.stats.plans_rejected += 1
             return False
         pool = self.pool
-        dst_pages = pool.alloc(plan.pages_taken, repeat_rows(plan.rows, plan.n_dst, plan.pages_taken), for_relocation=True)
+        dst_pages = pool.alloc(
+            plan.pages_taken, repeat_rows(plan.rows, plan.n_dst, plan.pages_taken), for_relocation=True
+        )
         pool.in_flight[plan.src_pages] = True
         pool.in_flight[dst_pages] = True
         moves = pack_moves(self.table.slots, self.table.live_len, plan, dst_pages, pool.page_size)

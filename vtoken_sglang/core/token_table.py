@@ -82,7 +82,9 @@ class TokenTable:
         P = self.page_size
         counts = counts.to(torch.int64)
         live = self.live_len[rows]
-        last = torch.where(live > 0, self.slots[rows, (live - 1).clamp(min=0)].to(torch.int64), torch.full_like(live, -1))
+        last = torch.where(
+            live > 0, self.slots[rows, (live - 1).clamp(min=0)].to(torch.int64), torch.full_like(live, -1)
+        )
         tail_page_is_own = (last >= 0) & (self.pages.owner[(last // P).clamp(min=0)] == rows.to(torch.int32))
         room = torch.where(tail_page_is_own, tail_room(last, P), torch.zeros_like(last))
         in_tail = torch.minimum(room, counts)
@@ -104,8 +106,9 @@ class TokenTable:
         self.sync_new_tokens(rows, counts, slots)
         return slots
 
-    def sync_new_tokens(self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor | None = None,
-                        claim_pages: bool = False) -> None:
+    def sync_new_tokens(
+        self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor | None = None, claim_pages: bool = False
+    ) -> None:
         """Register ``counts[i]`` newly written tokens of request ``rows[i]`` at the end of its row (logical ids
         ``logical_len ...``). ``slots``: their KV slots, concatenated in row order; ``None`` when the engine already
         wrote them into the row store (SGLang writes ``req_to_token`` itself). ``claim_pages``: pages of the new

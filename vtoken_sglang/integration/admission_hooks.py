@@ -15,7 +15,9 @@ def running_request_offset(original, adder, req):
         return upstream
     remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
     logical = len(req.origin_input_ids) + len(req.output_ids)
-    return min(upstream, rt.admission.future_kv(req.kv.kv_committed_len, logical, remaining, req.kv.cache_protected_len))
+    return min(
+        upstream, rt.admission.future_kv(req.kv.kv_committed_len, logical, remaining, req.kv.cache_protected_len)
+    )
 
 
 def update_prefill_budget(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):

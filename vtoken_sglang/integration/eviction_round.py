@@ -51,8 +51,9 @@ def _trim(rt, batch, ending: set) -> bool:
     """Steps 2-3, vectorized over the batch. Returns whether some request was over budget."""
     rows = batch.req_pool_indices.to(torch.int64)
     live = batch.seq_lens.to(torch.int64)
-    running = torch.tensor([not r.finished() and id(r) not in ending for r in batch.reqs], dtype=torch.bool,
-                           device=rows.device)
+    running = torch.tensor(
+        [not r.finished() and id(r) not in ending for r in batch.reqs], dtype=torch.bool, device=rows.device
+    )
     if rt.scores is not None:
         rt.scores.observe_decode(batch, rows, live, running)
     table = rt.table

@@ -29,6 +29,7 @@ class HookTimer:
     def timed(self, kind: str, fn: Callable) -> Callable:
         name = fn.__name__
         if kind == "AROUND":
+
             @functools.wraps(fn)
             def around(original, *args, **kwargs):
                 inner = 0.0

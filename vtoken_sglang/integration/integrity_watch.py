@@ -41,8 +41,11 @@ class IntegrityWatch:
         pool = self.table.pages
         self._require(not bool(self.table.active.any()), "idle", "a request is still managed at idle")
         pending = self.reclaimer.pending_pages()
-        self._require(pool.used_pages() == pending, "idle",
-                      f"{pool.used_pages()} pages tracked at idle, {pending} of them awaiting release (leak)")
+        self._require(
+            pool.used_pages() == pending,
+            "idle",
+            f"{pool.used_pages()} pages tracked at idle, {pending} of them awaiting release (leak)",
+        )
 
     def _check(self, where: str) -> None:
         try:
@@ -53,5 +56,7 @@ class IntegrityWatch:
 
     def _require(self, ok: bool, where: str, what: str) -> None:
         if not ok:
-            logger.error("[vtoken] integrity check failed (%s, decode step %d): %s", where, self.stats.decode_steps, what)
+            logger.error(
+                "[vtoken] integrity check failed (%s, decode step %d): %s", where, self.stats.decode_steps, what
+            )
             raise IntegrityError(f"vToken integrity check failed ({where}): {what}")

@@ -86,7 +86,9 @@ def drifted(entry_list: list[PatchEntry], resolver: Callable[[str], Any] = resol
             try:
                 actual = fingerprint(source_of(symbol, resolver))
             except Exception as err:  # missing module/attribute, or no source
-                problems.append(f"{symbol} (hooked by vToken at {entry.target}) cannot be read: {type(err).__name__}: {err}")
+                problems.append(
+                    f"{symbol} (hooked by vToken at {entry.target}) cannot be read: {type(err).__name__}: {err}"
+                )
                 continue
             if actual != expected:
                 problems.append(

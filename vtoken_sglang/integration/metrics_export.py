@@ -12,8 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 GAUGES = ("live_tokens", "resident_dead_tokens", "allocated_pages", "fragmentation")
-COUNTERS = ("pages_reclaimed", "tokens_moved", "tokens_evicted", "plans_admitted", "plans_rejected", "plans_stale",
-            "planner_ms", "copy_ms", "scoring_ms", "cow_copies", "cow_tokens_copied", "cow_pages_released")
+COUNTERS = (
+    "pages_reclaimed",
+    "tokens_moved",
+    "tokens_evicted",
+    "plans_admitted",
+    "plans_rejected",
+    "plans_stale",
+    "planner_ms",
+    "copy_ms",
+    "scoring_ms",
+    "cow_copies",
+    "cow_tokens_copied",
+    "cow_pages_released",
+)
 DOC = {
     "live_tokens": "Live tokens of requests vToken manages.",
     "resident_dead_tokens": "Evicted tokens still occupying slots of pages vToken tracks.",
@@ -36,10 +48,12 @@ DOC = {
 
 def log_line(m: dict[str, Any]) -> str:
     """One compact line of the metrics SGLang's decode log line is read beside."""
-    return (f"[vtoken] live: {m['live_tokens']}, dead: {m['resident_dead_tokens']}, pages: {m['allocated_pages']}, "
-            f"F: {m['fragmentation']:.3f}, evicted: {m['tokens_evicted']}, reclaimed pages: {m['pages_reclaimed']}, "
-            f"moved: {m['tokens_moved']}, plans admitted/rejected/stale: {m['plans_admitted']}/{m['plans_rejected']}/"
-            f"{m['plans_stale']}, planner: {m['planner_ms']:.1f} ms, copy: {m['copy_ms']:.1f} ms")
+    return (
+        f"[vtoken] live: {m['live_tokens']}, dead: {m['resident_dead_tokens']}, pages: {m['allocated_pages']}, "
+        f"F: {m['fragmentation']:.3f}, evicted: {m['tokens_evicted']}, reclaimed pages: {m['pages_reclaimed']}, "
+        f"moved: {m['tokens_moved']}, plans admitted/rejected/stale: {m['plans_admitted']}/{m['plans_rejected']}/"
+        f"{m['plans_stale']}, planner: {m['planner_ms']:.1f} ms, copy: {m['copy_ms']:.1f} ms"
+    )
 
 
 class PrometheusExporter:
@@ -51,8 +65,9 @@ class PrometheusExporter:
 
         self.labels = {k: str(v) for k, v in labels.items()}
         names = list(self.labels)
-        self.gauges = {n: Gauge(f"sglang:vtoken_{n}", DOC[n], labelnames=names, multiprocess_mode="mostrecent")
-                       for n in GAUGES}
+        self.gauges = {
+            n: Gauge(f"sglang:vtoken_{n}", DOC[n], labelnames=names, multiprocess_mode="mostrecent") for n in GAUGES
+        }
         self.counters = {n: Counter(f"sglang:vtoken_{n}", DOC[n], labelnames=names) for n in COUNTERS}
         self.last = {n: 0.0 for n in COUNTERS}
         for metric in (*self.gauges.values(), *self.counters.values()):

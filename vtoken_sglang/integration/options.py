@@ -18,7 +18,16 @@ import os
 import sys
 from typing import Any
 
-from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, OPTIONS, DECODE_SCORE_POLICIES, SCORE_POLICIES, ConfigError, VTokenConfig, kwarg_display
+from vtoken_sglang.config import (
+    DECODE_SCORE_POLICIES,
+    ENV_VAR,
+    OPTION_BY_NAME,
+    OPTIONS,
+    SCORE_POLICIES,
+    ConfigError,
+    VTokenConfig,
+    kwarg_display,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +59,9 @@ def add_cli_args(result: None, parser: argparse.ArgumentParser) -> None:
         if opt.is_switch:
             group.add_argument(opt.flag, dest=opt.name, action="store_true", default=False, help=opt.help)
         else:
-            group.add_argument(opt.flag, dest=opt.name, type=str, default=None, metavar=opt.name.split("_")[-1].upper(), help=opt.help)
+            group.add_argument(
+                opt.flag, dest=opt.name, type=str, default=None, metavar=opt.name.split("_")[-1].upper(), help=opt.help
+            )
 
 
 def from_cli_args(original, cls, args: argparse.Namespace, *rest, **kwargs):
@@ -99,9 +110,18 @@ def stage_engine_config(raw: dict[str, Any], defer_errors: bool = False) -> None
 
 
 _CHECKED_FIELDS = {
-    "page_size": None, "speculative_algorithm": None, "enable_hierarchical_cache": False, "enable_unified_memory": False,
-    "disaggregation_mode": "null", "enable_streaming_session": False, "attention_backend": None, "decode_attention_backend": None,
-    "prefill_attention_backend": None, "device": None, "disable_cuda_graph": False, "enable_mixed_chunk": False,
+    "page_size": None,
+    "speculative_algorithm": None,
+    "enable_hierarchical_cache": False,
+    "enable_unified_memory": False,
+    "disaggregation_mode": "null",
+    "enable_streaming_session": False,
+    "attention_backend": None,
+    "decode_attention_backend": None,
+    "prefill_attention_backend": None,
+    "device": None,
+    "disable_cuda_graph": False,
+    "enable_mixed_chunk": False,
     "disable_radix_cache": False,
 }
 
@@ -193,18 +213,28 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     elif page_size < 2:
         raise ConfigError(
             f"{flag('page_size')} {page_size}: vToken needs pages of at least 2 tokens (with one-token pages every "
-            f"dead token is freed directly and there is nothing to reclaim); default with {display('enable_vtoken')} is {DEFAULT_PAGE_SIZE}"
+            f"dead token is freed directly and there is nothing to reclaim); default with {display('enable_vtoken')} "
+            f"is {DEFAULT_PAGE_SIZE}"
         )
     if server_args.speculative_algorithm:
-        raise ConfigError(f"{flag('speculative_algorithm')} {server_args.speculative_algorithm}: speculative decoding is not supported with vToken")
+        raise ConfigError(
+            f"{flag('speculative_algorithm')} {server_args.speculative_algorithm}: speculative decoding is not "
+            "supported with vToken"
+        )
     if server_args.enable_hierarchical_cache:
         raise ConfigError(f"{flag('enable_hierarchical_cache')}: HiCache is not supported with vToken")
     if server_args.enable_unified_memory:
         raise ConfigError(f"{flag('enable_unified_memory')}: unified memory is not supported with vToken")
     if getattr(server_args, "enable_streaming_session", False):
-        raise ConfigError(f"{flag('enable_streaming_session')}: streaming sessions (rows kept across requests) are not supported with vToken")
+        raise ConfigError(
+            f"{flag('enable_streaming_session')}: streaming sessions (rows kept across requests) are not supported "
+            "with vToken"
+        )
     if server_args.disaggregation_mode not in (None, "null"):
-        raise ConfigError(f"{flag('disaggregation_mode')} {server_args.disaggregation_mode}: PD disaggregation is not supported with vToken")
+        raise ConfigError(
+            f"{flag('disaggregation_mode')} {server_args.disaggregation_mode}: PD disaggregation is not supported "
+            "with vToken"
+        )
     for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
         backend = getattr(server_args, name)
         if backend is not None and backend not in VERIFIED_ATTENTION_BACKENDS:
@@ -220,14 +250,22 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     # scheduler the next forward runs first and replaces them. Other policies run with overlap on or off.
     if cfg.vtoken_policy in SCORE_POLICIES and not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
-        logger.info("vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
-                    "the next forward)", display("vtoken_policy"), cfg.vtoken_policy)
+        logger.info(
+            "vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
+            "the next forward)",
+            display("vtoken_policy"),
+            cfg.vtoken_policy,
+        )
     if getattr(server_args, "enable_mixed_chunk", False):
         raise ConfigError(
             f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
             "in an extend batch get positions from their live length, not their logical one)"
         )
-    if cfg.vtoken_policy in DECODE_SCORE_POLICIES and not on_cpu and not getattr(server_args, "disable_cuda_graph", False):
+    if (
+        cfg.vtoken_policy in DECODE_SCORE_POLICIES
+        and not on_cpu
+        and not getattr(server_args, "disable_cuda_graph", False)
+    ):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
             f"{flag('disable_cuda_graph')}"

@@ -59,7 +59,9 @@ def _vtoken_requested() -> bool:
     """Whether this process was asked to run vToken (used only to decide how loudly to fail on drift)."""
     if _env_config().enabled:
         return True
-    return any(arg == OPTION_BY_NAME["enable_vtoken"].flag for arg in sys.argv) or _inflight_engine_kwargs().get("enable_vtoken", False)
+    return any(arg == OPTION_BY_NAME["enable_vtoken"].flag for arg in sys.argv) or _inflight_engine_kwargs().get(
+        "enable_vtoken", False
+    )
 
 
 def _inflight_engine_kwargs() -> dict:

@@ -42,8 +42,15 @@ class PrefixCow:
 
     def candidates(self, reqs: list) -> list:
         """Running managed requests that lock a non-root node."""
-        return [r for r in reqs if r.lock is not None and not r.finished() and r.kv.cache_protected_len > 0
-                and bool(self.table.active[r.kv.req_pool_idx]) and not self.tree.is_root(r.lock.node)]
+        return [
+            r
+            for r in reqs
+            if r.lock is not None
+            and not r.finished()
+            and r.kv.cache_protected_len > 0
+            and bool(self.table.active[r.kv.req_pool_idx])
+            and not self.tree.is_root(r.lock.node)
+        ]
 
     def plan(self, cands: list, others: list) -> tuple[CowPlan, dict]:
         """The core's plan over the candidates ``cands``, and per request key its (req, path, first live column of
@@ -69,7 +76,9 @@ class PrefixCow:
             row = req.kv.req_pool_idx
             n = int(self.table.live_len[row])
             logical = self.table.logical[row, :n].contiguous()
-            bounds = torch.tensor([p.path_start for p in path] + [path[-1].path_end], dtype=logical.dtype, device=logical.device)
+            bounds = torch.tensor(
+                [p.path_start for p in path] + [path[-1].path_end], dtype=logical.dtype, device=logical.device
+            )
             cols = torch.searchsorted(logical, bounds).tolist()
             holders.append(Holder(row, tuple(p.node_id for p in path), tuple(cols[-1] - c for c in cols[:-1])))
             info[row] = (req, path, cols)
@@ -103,9 +112,14 @@ class PrefixCow:
             req.kv.cache_protected_len = path[d.cut - 1].path_end if d.cut else 0
         self.copies += len(plan.decisions)
         self.pages_released += plan.pages_released
-        logger.debug("[vtoken] copy-on-write: %d requests copy %d tokens into %d pages; %d tree pages released (%s)",
-                     len(plan.decisions), sum(d.tokens for d in plan.decisions), plan.pages_copied,
-                     plan.pages_released, [(d.key, d.cut, d.tokens) for d in plan.decisions])
+        logger.debug(
+            "[vtoken] copy-on-write: %d requests copy %d tokens into %d pages; %d tree pages released (%s)",
+            len(plan.decisions),
+            sum(d.tokens for d in plan.decisions),
+            plan.pages_copied,
+            plan.pages_released,
+            [(d.key, d.cut, d.tokens) for d in plan.decisions],
+        )
         self.seconds += time.perf_counter() - t0
         return plan.pages_released
 
@@ -137,6 +151,10 @@ class PrefixCow:
         self.tokens_copied += len(dst)
 
     def metrics(self) -> dict:
-        return {"cow_copies": self.copies, "cow_tokens_copied": self.tokens_copied,
-                "cow_pages_released": self.pages_released, "cow_checks": self.checks,
-                "cow_ms": round(self.seconds * 1e3, 3)}
+        return {
+            "cow_copies": self.copies,
+            "cow_tokens_copied": self.tokens_copied,
+            "cow_pages_released": self.pages_released,
+            "cow_checks": self.checks,
+            "cow_ms": round(self.seconds * 1e3, 3),
+        }

@@ -66,6 +66,8 @@ def get_internal_state(result, scheduler, *args, **kwargs):
     them in ``internal_states``), with ``hook_ms`` per hook (not in the log lines: one entry per hook)."""
     rt = runtime.RUNTIME
     if rt is not None and isinstance(getattr(result, "internal_state", None), dict):
-        result.internal_state["vtoken"] = {**rt.metrics(),
-                                           "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()}}
+        result.internal_state["vtoken"] = {
+            **rt.metrics(),
+            "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()},
+        }
     return result

@@ -35,9 +35,20 @@ from vtoken_sglang.scoring import ScoreCollector
 class VTokenRuntime:
     """One scheduler's vToken state; every part is built here, from what the constructor is given."""
 
-    def __init__(self, cfg: VTokenConfig, req_to_token, allocator, kv_pool, *, tree=None, producer=None,
-                 tp: TpGroup = TpGroup(), prompt_in_tree: bool = True,
-                 pending_results: Callable[[], Iterable] = tuple, score_dump: bool = False):
+    def __init__(
+        self,
+        cfg: VTokenConfig,
+        req_to_token,
+        allocator,
+        kv_pool,
+        *,
+        tree=None,
+        producer=None,
+        tp: TpGroup | None = None,
+        prompt_in_tree: bool = True,
+        pending_results: Callable[[], Iterable] = tuple,
+        score_dump: bool = False,
+    ):
         """``tree``: SGLang's radix cache when it is on; ``producer``: the forward stream when it is not this
         thread's (overlap scheduler on CUDA: copies wait for the forward in flight); ``prompt_in_tree``: the radix
         cache takes each prompt's whole pages after prefill; ``pending_results``: the overlap scheduler's queued
@@ -46,14 +57,18 @@ class VTokenRuntime:
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.tree = tree
-        self.tp = tp
+        self.tp = tp = tp or TpGroup()
         self.pending_results = pending_results
-        self.policy = (make_policy(cfg.vtoken_policy, PolicyConfig.from_config(cfg, slack=max(self.page_size, 16)))
-                       if cfg.vtoken_policy != "none" else None)
+        self.policy = (
+            make_policy(cfg.vtoken_policy, PolicyConfig.from_config(cfg, slack=max(self.page_size, 16)))
+            if cfg.vtoken_policy != "none"
+            else None
+        )
         self.pool = SglangPagePool(allocator, device=req_to_token.device)
         rows, width = req_to_token.shape
-        self.table = TokenTable(rows, width, self.pool, slots=req_to_token,
-                                state_names=self.policy.state_names if self.policy else ())
+        self.table = TokenTable(
+            rows, width, self.pool, slots=req_to_token, state_names=self.policy.state_names if self.policy else ()
+        )
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
@@ -63,23 +78,45 @@ class VTokenRuntime:
         # grace 0: without overlap no forward is in flight when plans are applied; with it, copies wait for the
         # forward in flight (the producer stream) and the next forward waits for the copies. A worker's plan
         # arrives a step or more after its snapshot, and waits up to a cadence to be broadcast.
-        self.reclaimer = Reclaimer(self.table, engine, theta=cfg.vtoken_theta, grace_steps=0,
-                                   max_plan_lag=2 * SNAPSHOT_EVERY if worker else 0, enabled=cfg.vtoken_reclaim)
-        self.planning = (WorkerPlanning(self.reclaimer, self.stats.fold,
-                                        WorkerLink(self.reclaimer, rows, tp.rank, tp.broadcast if tp.size > 1 else None))
-                         if worker else InlinePlanning(self.reclaimer, self.stats.fold))
+        self.reclaimer = Reclaimer(
+            self.table,
+            engine,
+            theta=cfg.vtoken_theta,
+            grace_steps=0,
+            max_plan_lag=2 * SNAPSHOT_EVERY if worker else 0,
+            enabled=cfg.vtoken_reclaim,
+        )
+        self.planning = (
+            WorkerPlanning(
+                self.reclaimer,
+                self.stats.fold,
+                WorkerLink(self.reclaimer, rows, tp.rank, tp.broadcast if tp.size > 1 else None),
+            )
+            if worker
+            else InlinePlanning(self.reclaimer, self.stats.fold)
+        )
         self.cow = None
         if tree is not None and cfg.vtoken_cow and self.policy is not None:
             from vtoken_sglang.integration.prefix_cow import PrefixCow
 
             self.cow = PrefixCow(tree, self.table, self.pool, engine, self.page_size, allow_copies=cfg.vtoken_reclaim)
-        self.admission = Admission(self.policy, cfg.vtoken_reclaim, self.cow is not None and self.cow.allow_copies,
-                                   self.page_size, prompt_in_tree)
+        self.admission = Admission(
+            self.policy,
+            cfg.vtoken_reclaim,
+            self.cow is not None and self.cow.allow_copies,
+            self.page_size,
+            prompt_in_tree,
+        )
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:
             snapkv = cfg.vtoken_policy == "snapkv"
-            scorer = ScoreCollector(len(kv_pool.k_buffer), cfg.vtoken_score_layers, cfg.vtoken_score_every,
-                                    decode=not snapkv, prefill_window=cfg.vtoken_window if snapkv else 0)
+            scorer = ScoreCollector(
+                len(kv_pool.k_buffer),
+                cfg.vtoken_score_layers,
+                cfg.vtoken_score_every,
+                decode=not snapkv,
+                prefill_window=cfg.vtoken_window if snapkv else 0,
+            )
             self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, dump=score_dump)
         self.integrity = IntegrityWatch(self.reclaimer, self.stats)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
@@ -94,17 +131,26 @@ class VTokenRuntime:
         allocator = scheduler.token_to_kv_pool_allocator
         kv_pool = allocator.get_kvcache()
         if type(allocator) is not PagedTokenToKVPoolAllocator or not hasattr(kv_pool, "k_buffer"):
-            raise SystemExit(f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
-                             f"{type(allocator).__name__} over {type(kv_pool).__name__}")
+            raise SystemExit(
+                f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
+                f"{type(allocator).__name__} over {type(kv_pool).__name__}"
+            )
         req_to_token = scheduler.req_to_token_pool.req_to_token
         tree = scheduler.tree_cache
         on = not getattr(tree, "disable", True) and hasattr(tree, "tree_core")  # SGLang's UnifiedRadixCache, on
         overlap = scheduler.enable_overlap
-        return cls(cfg, req_to_token, allocator, kv_pool, tree=tree if on else None,
-                   producer=scheduler.forward_stream if overlap and req_to_token.is_cuda else None,
-                   tp=TpGroup.of_scheduler(), prompt_in_tree=not scheduler.server_args.disable_radix_cache,
-                   pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
-                   score_dump=score_dump)
+        return cls(
+            cfg,
+            req_to_token,
+            allocator,
+            kv_pool,
+            tree=tree if on else None,
+            producer=scheduler.forward_stream if overlap and req_to_token.is_cuda else None,
+            tp=TpGroup.of_scheduler(),
+            prompt_in_tree=not scheduler.server_args.disable_radix_cache,
+            pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
+            score_dump=score_dump,
+        )
 
     def reclaim_under_pressure(self) -> int:
         """A decode step would not fit: reclaim regardless of theta. Returns the pages freed."""

@@ -22,8 +22,9 @@ from vtoken_sglang.scoring import ScoreCollector
 
 
 class ScoreLink:
-    def __init__(self, scorer: ScoreCollector, policy: Policy, rows: RequestRows, kv_pool, tp: TpGroup,
-                 dump: bool = False):
+    def __init__(
+        self, scorer: ScoreCollector, policy: Policy, rows: RequestRows, kv_pool, tp: TpGroup, dump: bool = False
+    ):
         """``dump``: keep (token ids seen, scores) per scored step of the batch's first request (snapkv: per
         prefill), for ``VTOKEN_SGLANG_SCORE_DUMP``."""
         self.scorer = scorer
@@ -66,9 +67,14 @@ class ScoreLink:
         self.scoring_ms += (time.perf_counter() - t0) * 1e3
         if scores is None:
             return
-        keep = [i for i, (req, complete) in enumerate(zip(batch.reqs, self.prefill_complete))
-                if complete and not req.finished() and not self.rows.is_managed(rows[i])
-                and req.kv.kv_committed_len == lengths[i]]
+        keep = [
+            i
+            for i, (req, complete) in enumerate(zip(batch.reqs, self.prefill_complete))
+            if complete
+            and not req.finished()
+            and not self.rows.is_managed(rows[i])
+            and req.kv.kv_committed_len == lengths[i]
+        ]
         if not keep:
             return
         self.rows.manage([batch.reqs[i] for i in keep])
@@ -79,5 +85,8 @@ class ScoreLink:
         self.policy.observe(self.table, kept_rows, block, prefill=True)
 
     def metrics(self) -> dict:
-        return {"scoring_ms": round(self.scoring_ms, 3), "steps_scored": self.scorer.steps_scored,
-                "prefills_scored": self.scorer.prefills_scored}
+        return {
+            "scoring_ms": round(self.scoring_ms, 3),
+            "steps_scored": self.scorer.steps_scored,
+            "prefills_scored": self.scorer.prefills_scored,
+        }

@@ -77,7 +77,10 @@ _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 HOOKS = {
     f"{_SCHED}.__init__": ("AROUND", scheduler_init),
-    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": ("AROUND", alloc_hooks.alloc_decode),
+    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": (
+        "AROUND",
+        alloc_hooks.alloc_decode,
+    ),
     f"{_BATCH}.new_tokens_required_next_decode": ("AROUND", alloc_hooks.new_tokens_required_next_decode),
     f"{_BATCH}.prepare_for_decode": ("AFTER", alloc_hooks.prepare_for_decode),
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", alloc_hooks.forward_batch_init_new),
@@ -87,7 +90,9 @@ HOOKS = {
     f"{_SCHED}.get_internal_state": ("AFTER", report_hooks.get_internal_state),
     f"{_SCHED}.on_idle": ("AFTER", report_hooks.scheduler_idle),
     "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats": (
-        "AFTER", report_hooks.report_decode_stats),
+        "AFTER",
+        report_hooks.report_decode_stats,
+    ),
     f"{_ADDER}._get_running_request_total_token_offset": ("AROUND", admission_hooks.running_request_offset),
     f"{_ADDER}._update_prefill_budget": ("AROUND", admission_hooks.update_prefill_budget),
     f"{_ADDER}.add_one_req": ("AROUND", admission_hooks.add_one_req),

@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-
 from vtoken_sglang.core.planner import Plan
 from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.worker import protocol
@@ -40,8 +39,15 @@ SNAPSHOT_EVERY = 8  # the base snapshot cadence, in decode steps
 
 
 class WorkerLink:
-    def __init__(self, reclaimer: Reclaimer, num_rows: int, tp_rank: int = 0,
-                 broadcast: Callable[[object], object] | None = None, every: int = SNAPSHOT_EVERY, **client_kwargs):
+    def __init__(
+        self,
+        reclaimer: Reclaimer,
+        num_rows: int,
+        tp_rank: int = 0,
+        broadcast: Callable[[object], object] | None = None,
+        every: int = SNAPSHOT_EVERY,
+        **client_kwargs,
+    ):
         self.reclaimer = reclaimer
         self.every = every
         self.steps = 0  # decode steps seen; the same count on every rank
@@ -103,12 +109,17 @@ class WorkerLink:
         if self.client is None:
             return times
         st = self.client.stats
-        return {**times, "worker_interval": self.interval, "worker_up": st.worker_up,
-                "worker_restarts": st.worker_restarts, "worker_pid": self.client.proc.pid if self.client.proc else 0,
-                "worker_snapshots_sent": st.snapshots_sent, "worker_plans_received": st.plans_received,
-                "worker_messages_ignored": st.messages_ignored}
+        return {
+            **times,
+            "worker_interval": self.interval,
+            "worker_up": st.worker_up,
+            "worker_restarts": st.worker_restarts,
+            "worker_pid": self.client.proc.pid if self.client.proc else 0,
+            "worker_snapshots_sent": st.snapshots_sent,
+            "worker_plans_received": st.plans_received,
+            "worker_messages_ignored": st.messages_ignored,
+        }
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
-

@@ -44,9 +44,17 @@ class PolicyConfig:
 
     @classmethod
     def from_config(cls, cfg: VTokenConfig, slack: int) -> PolicyConfig:
-        return cls(budget=cfg.vtoken_budget, budget_ratio=cfg.vtoken_budget_ratio, sinks=cfg.vtoken_sinks,
-                   recent=cfg.vtoken_recent, slack=slack, seed=cfg.vtoken_seed, history=cfg.vtoken_history,
-                   window=cfg.vtoken_window, pool_kernel=cfg.vtoken_pool)
+        return cls(
+            budget=cfg.vtoken_budget,
+            budget_ratio=cfg.vtoken_budget_ratio,
+            sinks=cfg.vtoken_sinks,
+            recent=cfg.vtoken_recent,
+            slack=slack,
+            seed=cfg.vtoken_seed,
+            history=cfg.vtoken_history,
+            window=cfg.vtoken_window,
+            pool_kernel=cfg.vtoken_pool,
+        )
 
 
 @dataclasses.dataclass
@@ -65,8 +73,15 @@ class RowBlock:
 def row_block(table: TokenTable, rows: torch.Tensor) -> RowBlock:
     width = max(int(table.live_len[rows].max()), 1)
     valid = torch.arange(width, device=rows.device)[None, :] < table.live_len[rows][:, None]
-    return RowBlock(rows, table.row_key[rows], valid, table.logical[rows, :width].to(torch.int64), table.logical_len[rows],
-                    table.live_len[rows], {k: v[rows, :width] for k, v in table.state.items()})
+    return RowBlock(
+        rows,
+        table.row_key[rows],
+        valid,
+        table.logical[rows, :width].to(torch.int64),
+        table.logical_len[rows],
+        table.live_len[rows],
+        {k: v[rows, :width] for k, v in table.state.items()},
+    )
 
 
 class Policy(abc.ABC):
@@ -97,7 +112,9 @@ class Policy(abc.ABC):
             b = torch.ceil(logical_len.to(torch.float64) * c.budget_ratio).to(torch.int64)
         return torch.clamp(b, min=floor)
 
-    def select_victims(self, table: TokenTable, rows: torch.Tensor, protect_cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def select_victims(
+        self, table: TokenTable, rows: torch.Tensor, protect_cols: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Victims ``(rows, cols)`` of the requests in ``rows`` that exceed their budget plus slack.
         ``protect_cols[i]``: columns below it are kept too (an engine's shared prefix)."""
         empty = (rows.new_empty(0), rows.new_empty(0))
@@ -111,7 +128,11 @@ class Policy(abc.ABC):
         floor = protect_cols[over] if protect_cols is not None else None
         block = row_block(table, rows)
         n_evict = block.live_len - budget
-        protected = ~block.valid | (block.logical < self.cfg.sinks) | (block.logical >= (block.logical_len - self.cfg.recent)[:, None])
+        protected = (
+            ~block.valid
+            | (block.logical < self.cfg.sinks)
+            | (block.logical >= (block.logical_len - self.cfg.recent)[:, None])
+        )
         protected[torch.arange(len(rows)), block.live_len - 1] = True
         if floor is not None:
             protected |= torch.arange(protected.shape[1], device=rows.device)[None, :] < floor[:, None]

@@ -18,7 +18,9 @@ class SnapKVPolicy(Policy):
         if not prefill:
             return
         k = self.cfg.pool_kernel
-        pooled = torch.nn.functional.max_pool1d(attn[:, None, :].to(torch.float32), k, stride=1, padding=k // 2)[:, 0, : attn.shape[1]]
+        pooled = torch.nn.functional.max_pool1d(attn[:, None, :].to(torch.float32), k, stride=1, padding=k // 2)[
+            :, 0, : attn.shape[1]
+        ]
         table.state["snap"][rows, : attn.shape[1]] = pooled + 1.0  # +1: scored prompt tokens rank above unscored 0
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
@@ -26,4 +28,8 @@ class SnapKVPolicy(Policy):
         # to inf), so they go only once no scored candidate is left
         prompt_scored = block.state["snap"] > 0
         top = torch.finfo(torch.float64).max
-        return torch.where(prompt_scored, block.state["snap"].to(torch.float64), torch.full_like(block.state["snap"], top, dtype=torch.float64))
+        return torch.where(
+            prompt_scored,
+            block.state["snap"].to(torch.float64),
+            torch.full_like(block.state["snap"], top, dtype=torch.float64),
+        )

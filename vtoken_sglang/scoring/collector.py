@@ -41,7 +41,9 @@ def resolve_layers(spec: str, num_layers: int) -> frozenset[int]:
 
 
 class ScoreCollector:
-    def __init__(self, num_layers: int, layers: str = "all", every: int = 1, decode: bool = True, prefill_window: int = 0):
+    def __init__(
+        self, num_layers: int, layers: str = "all", every: int = 1, decode: bool = True, prefill_window: int = 0
+    ):
         self.layers = resolve_layers(layers, num_layers)
         self.every = every
         self.decode = decode
@@ -50,11 +52,15 @@ class ScoreCollector:
         self.active = False  # this forward is scored (a scored decode step, or a prefill with a window)
         self.queries: dict[int, tuple[torch.Tensor, float, float]] = {}  # layer -> (q [T, Hq, D], scale, cap)
         self.window_rows: torch.Tensor | None = None  # prefill: which query rows of the forward are kept
-        self.window_segments: list[tuple[int, int, int]] = []  # prefill, per request: (first kept row, w, position of the first)
+        self.window_segments: list[
+            tuple[int, int, int]
+        ] = []  # prefill, per request: (first kept row, w, position of the first)
         self.steps_scored = 0
         self.prefills_scored = 0
 
-    def begin_forward(self, is_decode: bool, extend_lens: list[int] | None = None, prefix_lens: list[int] | None = None) -> None:
+    def begin_forward(
+        self, is_decode: bool, extend_lens: list[int] | None = None, prefix_lens: list[int] | None = None
+    ) -> None:
         """Before a forward. A prefill (``extend_lens`` / ``prefix_lens`` per request, in batch order) is scored
         when a window is configured: the last ``min(prefill_window, extend_len)`` queries of each request."""
         self.queries.clear()
@@ -74,15 +80,22 @@ class ScoreCollector:
     def wants(self, layer_id: int) -> bool:
         return self.active and layer_id in self.layers
 
-    def save_query(self, layer_id: int, q: torch.Tensor, num_heads: int, head_dim: int, scale: float,
-                   logit_cap: float = 0.0) -> None:
+    def save_query(
+        self, layer_id: int, q: torch.Tensor, num_heads: int, head_dim: int, scale: float, logit_cap: float = 0.0
+    ) -> None:
         q = q.detach().reshape(-1, num_heads, head_dim)
         if self.window_rows is not None:
             q = q.index_select(0, self.window_rows.to(q.device))
         self.queries[layer_id] = (q, scale, logit_cap)
 
-    def scores(self, key_buffer: Callable[[int], torch.Tensor], slots: torch.Tensor, live_len: torch.Tensor,
-               all_reduce: Callable[[torch.Tensor], None] | None = None, tp_size: int = 1) -> torch.Tensor | None:
+    def scores(
+        self,
+        key_buffer: Callable[[int], torch.Tensor],
+        slots: torch.Tensor,
+        live_len: torch.Tensor,
+        all_reduce: Callable[[torch.Tensor], None] | None = None,
+        tp_size: int = 1,
+    ) -> torch.Tensor | None:
         """``[B, W]`` mean attention probabilities of the last forward's queries (the first ``B`` rows), or None
         when the forward was not scored. ``all_reduce`` sums a tensor over the TP group in place (every rank holds
         ``Hq / tp_size`` heads; all ranks must call it in the same steps, which they do: steps are global)."""
@@ -102,8 +115,13 @@ class ScoreCollector:
         self.steps_scored += 1
         return acc / (heads * tp_size * layers)
 
-    def window_scores(self, key_buffer: Callable[[int], torch.Tensor], rows_slots: list[torch.Tensor],
-                      all_reduce: Callable[[torch.Tensor], None] | None = None, tp_size: int = 1) -> list[torch.Tensor] | None:
+    def window_scores(
+        self,
+        key_buffer: Callable[[int], torch.Tensor],
+        rows_slots: list[torch.Tensor],
+        all_reduce: Callable[[torch.Tensor], None] | None = None,
+        tp_size: int = 1,
+    ) -> list[torch.Tensor] | None:
         """After a scored prefill: per request of the forward (batch order), ``[L]`` = its window's attention over
         its row ``rows_slots[i]`` (``L`` = prefix + extend length), a mean over heads, ranks and layers and a sum
         over the window's queries. None when the forward was not a scored prefill. Every TP rank calls it after

@@ -16,8 +16,14 @@ from __future__ import annotations
 import torch
 
 
-def decode_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, live_len: torch.Tensor,
-                          scale: float, logit_cap: float = 0.0) -> torch.Tensor:
+def decode_scores_headsum(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    slots: torch.Tensor,
+    live_len: torch.Tensor,
+    scale: float,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:
     """``q``: ``[B, Hq, D]``; ``k_buffer``: ``[num_slots, Hkv, D]``; ``slots``: ``[B, W]`` (entries past
     ``live_len`` are ignored); returns ``[B, W]`` float32 = softmax attention summed over the ``Hq`` heads.
     ``logit_cap > 0``: logits are soft-capped (``cap * tanh(x / cap)``) before the softmax, as the model does."""
@@ -36,8 +42,14 @@ def decode_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.
     return probs.sum(dim=(1, 2))
 
 
-def window_scores_headsum(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, q_pos: torch.Tensor,
-                          scale: float, logit_cap: float = 0.0) -> torch.Tensor:
+def window_scores_headsum(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    slots: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:
     """SnapKV's observation window for one request at prefill: ``q`` ``[w, Hq, D]`` are its last ``w`` prompt
     queries, at positions ``q_pos`` (``[w]``, into its row); ``slots`` ``[L]`` its row's KV slots (the prompt, in
     order). Each query attends causally (keys ``j <= q_pos``). Returns ``[L]`` float32: the softmax probabilities

@@ -19,16 +19,33 @@ from vtoken_sglang.scoring.reference import decode_scores_headsum
 def _block_logits(q, K, Slots, b, h, offs_w, wmask, offs_d, dmask, scale, stride_kn, stride_kh, stride_sb):
     """Logits ``[BLOCK_G, BLOCK_W]`` of the group's queries against one block of the row's live keys."""
     slot = tl.load(Slots + b * stride_sb + offs_w, mask=wmask, other=0).to(tl.int64)
-    k = tl.load(K + slot[:, None] * stride_kn + h * stride_kh + offs_d[None, :],
-                mask=wmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    k = tl.load(
+        K + slot[:, None] * stride_kn + h * stride_kh + offs_d[None, :], mask=wmask[:, None] & dmask[None, :], other=0.0
+    ).to(tl.float32)
     return tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
 
 
 @triton.jit
-def _scores_kernel(Q, K, Slots, LiveLen, Out, scale,
-                   stride_qb, stride_qh, stride_kn, stride_kh, stride_sb, stride_ob, stride_oh,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_W: tl.constexpr):
+def _scores_kernel(
+    Q,
+    K,
+    Slots,
+    LiveLen,
+    Out,
+    scale,
+    stride_qb,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_sb,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     n = tl.load(LiveLen + b)
@@ -36,8 +53,11 @@ def _scores_kernel(Q, K, Slots, LiveLen, Out, scale,
     offs_d = tl.arange(0, BLOCK_D)
     gmask = offs_g < GROUP
     dmask = offs_d < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    q = tl.load(
+        Q + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+        mask=gmask[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     s_sum = tl.zeros([BLOCK_G], tl.float32)
     for w0 in range(0, n, BLOCK_W):  # pass 1: running max and sum of exp per query head
@@ -57,8 +77,15 @@ def _scores_kernel(Q, K, Slots, LiveLen, Out, scale,
         tl.store(Out + b * stride_ob + h * stride_oh + offs_w, tl.sum(p, axis=0), mask=wmask)
 
 
-def decode_scores_headsum_triton(q: torch.Tensor, k_buffer: torch.Tensor, slots: torch.Tensor, live_len: torch.Tensor,
-                                 scale: float, logit_cap: float = 0.0, block_w: int = 32) -> torch.Tensor:
+def decode_scores_headsum_triton(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    slots: torch.Tensor,
+    live_len: torch.Tensor,
+    scale: float,
+    logit_cap: float = 0.0,
+    block_w: int = 32,
+) -> torch.Tensor:
     """Same contract and result as ``reference.decode_scores_headsum`` (soft-capped logits fall back to it)."""
     if logit_cap > 0:
         return decode_scores_headsum(q, k_buffer, slots, live_len, scale, logit_cap)
@@ -75,9 +102,23 @@ def decode_scores_headsum_triton(q: torch.Tensor, k_buffer: torch.Tensor, slots:
     if B == 0 or W == 0:
         return out.sum(1)
     _scores_kernel[(B, Hkv)](
-        q, k_buffer, slots, live_len, out, scale,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), slots.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=D, BLOCK_G=max(triton.next_power_of_2(group), 1),
-        BLOCK_D=triton.next_power_of_2(D), BLOCK_W=block_w,
+        q,
+        k_buffer,
+        slots,
+        live_len,
+        out,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        slots.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        HEAD_DIM=D,
+        BLOCK_G=max(triton.next_power_of_2(group), 1),
+        BLOCK_D=triton.next_power_of_2(D),
+        BLOCK_W=block_w,
     )
     return out.sum(1)

@@ -44,13 +44,23 @@ class WorkerStats:
 
 
 class WorkerPlanner:
-    def __init__(self, num_pages: int, num_rows: int, reply_timeout_s: float = 5.0, start_timeout_s: float = 60.0,
-                 backoff_s: float = 0.5, max_backoff_s: float = 30.0, endpoint: str | None = None):
+    def __init__(
+        self,
+        num_pages: int,
+        num_rows: int,
+        reply_timeout_s: float = 5.0,
+        start_timeout_s: float = 60.0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        endpoint: str | None = None,
+    ):
         self.num_pages, self.num_rows = num_pages, num_rows
         self.reply_timeout_s, self.start_timeout_s = reply_timeout_s, start_timeout_s
         self.backoff0, self.max_backoff = backoff_s, max_backoff_s
         self.backoff = backoff_s
-        self.endpoint = endpoint or f"ipc://{tempfile.gettempdir()}/vtoken-worker-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        self.endpoint = (
+            endpoint or f"ipc://{tempfile.gettempdir()}/vtoken-worker-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        )
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -70,14 +80,25 @@ class WorkerPlanner:
     # ------------------------------------------------------------------ process
 
     def _start(self) -> None:
-        cmd = [sys.executable, "-m", "vtoken_sglang.worker.process", "--endpoint", self.endpoint,
-               "--parent-pid", str(os.getpid())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vtoken_sglang.worker.process",
+            "--endpoint",
+            self.endpoint,
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         self.started_at, self.ready, self.in_flight, self.restart_at = time.monotonic(), False, None, None
 
     def _fault(self, why: str) -> None:
-        logger.warning("[vtoken] compaction worker %s: %s; reclaim pauses, restart in %.1f s",
-                       self.proc.pid if self.proc else "-", why, self.backoff)
+        logger.warning(
+            "[vtoken] compaction worker %s: %s; reclaim pauses, restart in %.1f s",
+            self.proc.pid if self.proc else "-",
+            why,
+            self.backoff,
+        )
         self._kill()
         self.ready, self.in_flight, self.stats.worker_up = False, None, 0
         self.restart_at = time.monotonic() + self.backoff

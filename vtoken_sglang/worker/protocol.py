@@ -39,8 +39,12 @@ def _wire(a: np.ndarray) -> memoryview:
 
 
 def _frames(kind: str, scalars: dict, arrays: list[tuple[str, np.ndarray]], views: bool) -> list[bytes | memoryview]:
-    header = {"v": VERSION, "type": kind, **scalars,
-              "arrays": [[name, str(a.dtype), int(a.size)] for name, a in arrays]}
+    header = {
+        "v": VERSION,
+        "type": kind,
+        **scalars,
+        "arrays": [[name, str(a.dtype), int(a.size)] for name, a in arrays],
+    }
     body = [_wire(a) for _, a in arrays]
     return [json.dumps(header).encode()] + (body if views else [bytes(b) for b in body])
 
@@ -54,8 +58,17 @@ def encode_snapshot(snap: Snapshot, num_rows: int) -> list[bytes | memoryview]:
     views of the snapshot's (CPU) tensors, not copies: send them before those tensors change (ZMQ copies a frame
     into its message when it is sent)."""
     arrays = [(n, _numpy(getattr(snap, n), d)) for n, d in SNAPSHOT_ARRAYS]
-    return _frames("snapshot", {"epoch": snap.epoch, "page_size": snap.page_size, "num_rows": num_rows,
-                                "free_for_relocation": snap.free_for_relocation}, arrays, views=True)
+    return _frames(
+        "snapshot",
+        {
+            "epoch": snap.epoch,
+            "page_size": snap.page_size,
+            "num_rows": num_rows,
+            "free_for_relocation": snap.free_for_relocation,
+        },
+        arrays,
+        views=True,
+    )
 
 
 def encode_plan(plan: Plan) -> list[bytes]:
@@ -91,8 +104,11 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
     if spec is None:
         raise ProtocolError(f"unknown message type {kind!r}")
     declared = header.get("arrays", [])
-    if not (isinstance(declared, list) and len(declared) == len(spec) and all(
-            isinstance(d, list) and len(d) == 3 and tuple(d[:2]) == s for d, s in zip(declared, spec))):
+    if not (
+        isinstance(declared, list)
+        and len(declared) == len(spec)
+        and all(isinstance(d, list) and len(d) == 3 and tuple(d[:2]) == s for d, s in zip(declared, spec))
+    ):
         raise ProtocolError(f"{kind}: arrays must be {[n for n, _ in spec]} with dtypes {[d for _, d in spec]}")
     if len(frames) != 1 + len(spec):
         raise ProtocolError(f"{kind}: {len(frames) - 1} array frames, expected {len(spec)}")
@@ -102,7 +118,9 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         dt = np.dtype(dtype).newbyteorder("<")
         if not isinstance(n, int) or n < 0 or len(raw) != n * dt.itemsize:
             raise ProtocolError(f"{kind}: array {name} has {len(raw)} bytes, expected {n} x {dt.itemsize}")
-        arrays[name] = np.frombuffer(raw, dtype=dt).astype(dtype, copy=True)  # owned, writable: to_plan and to_snapshot share it
+        arrays[name] = np.frombuffer(raw, dtype=dt).astype(
+            dtype, copy=True
+        )  # owned, writable: to_plan and to_snapshot share it
     if kind == "hello":
         _int(header, "pid", 1)
         return kind, header, arrays
@@ -118,7 +136,10 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         if len(arrays["owner"]) and (arrays["owner"].min() < TREE or arrays["owner"].max() >= header["num_rows"]):
             raise ProtocolError(f"snapshot: an owner is outside [{TREE}, num_rows)")
     else:
-        if len(arrays["rows"]) != len(arrays["n_dst"]) or len({len(arrays[k]) for k in ("src_pages", "src_row", "src_live")}) != 1:
+        if (
+            len(arrays["rows"]) != len(arrays["n_dst"])
+            or len({len(arrays[k]) for k in ("src_pages", "src_row", "src_live")}) != 1
+        ):
             raise ProtocolError("plan: per-request or per-page arrays differ in length")
     return kind, header, arrays
 
@@ -135,6 +156,7 @@ def check_plan_bounds(arrays: dict[str, np.ndarray], num_rows: int, num_pages: i
 
 
 # ``decode``'s arrays are fresh copies of the frames (``astype``): the tensors below share them, nothing else does.
+
 
 def to_snapshot(header: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
     tensors = {name: torch.from_numpy(arrays[name]) for name, _ in SNAPSHOT_ARRAYS}
