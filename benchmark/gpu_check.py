@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # scoring_cost.py
 
 from vtoken_sglang.core.copy_engine import CopyEngine, make_copy_engine  # noqa: E402
+from vtoken_sglang.core.integrity import check_integrity, token_stamp  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -105,12 +106,6 @@ def make_sleeper(device: str) -> Callable[[float], None]:
 
 
 # ---------------------------------------------------------------------------------------------------- a. copy engine
-
-
-def stamp(rows: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
-    """K/V bytes written for token ``logical`` of request ``rows``: distinct per (row, logical), exact in float32."""
-    r, lg = rows.to(torch.float32), logical.to(torch.float32)
-    return torch.stack([r * 65536 + lg, -lg - 1, r], 1)
 
 
 def check_copy_order(s: Setup) -> Row:
@@ -229,7 +224,8 @@ def poll_until(cond: Callable[[], bool], timeout_s: float) -> int:
 
 
 class StampedEngine:
-    """PagePool + TokenTable (host) + Reclaimer over device K/V buffers ``[slots, 3]`` whose bytes are ``stamp``s."""
+    """PagePool + TokenTable (host) + Reclaimer over device K/V buffers ``[slots, 3]`` holding
+    ``token_stamp`` bytes."""
 
     def __init__(self, device: str, rows: int, num_pages: int, page_size: int = 16):
         from vtoken_sglang.core.pages import PagePool
@@ -247,7 +243,7 @@ class StampedEngine:
         slots = self.table.alloc_slots(rows, counts)
         req = torch.repeat_interleave(rows, counts)
         k = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        values = stamp(req, self.table.logical_len[req] + k).to(self.device)
+        values = token_stamp(req, self.table.logical_len[req] + k).to(self.device)
         for buf in self.kv:
             buf[slots.to(self.device)] = values
         self.table.sync_new_tokens(rows, counts, slots)
@@ -264,9 +260,7 @@ class StampedEngine:
         self.pool.free(t.evict(rows[r], c))
 
     def check(self) -> None:
-        from vtoken_sglang.core.integrity import check_integrity
-
-        check_integrity(self.table, [b.cpu() for b in self.kv], stamp)  # .cpu() orders after published copies
+        check_integrity(self.table, [b.cpu() for b in self.kv], token_stamp)  # .cpu() orders after published copies
 
 
 def check_reclaim(s: Setup) -> Row:

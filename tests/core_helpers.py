@@ -5,15 +5,12 @@ from __future__ import annotations
 import torch
 
 from vtoken_sglang.core.copy_engine import CpuCopyEngine
+from vtoken_sglang.core.integrity import token_stamp
 from vtoken_sglang.core.pages import PagePool
 from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
 
-
-def stamp(rows: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
-    """The K/V bytes written for token ``logical`` of request ``rows``: distinct for every (row, logical)."""
-    r, lg = rows.to(torch.float32), logical.to(torch.float32)
-    return torch.stack([r * 65536 + lg, -lg - 1, r], 1)
+stamp = token_stamp  # the K/V bytes written for (row, logical id)
 
 
 class MiniEngine:

@@ -23,6 +23,14 @@ from vtoken_sglang.core.pages import FREE, TREE
 from vtoken_sglang.core.token_table import TokenTable
 
 
+def token_stamp(rows: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
+    """The K/V bytes a test writes for token ``logical`` of request ``rows`` (``[n, 3]`` float32): distinct for
+    every (row, logical), exact in float32. ``check_integrity(table, kv, token_stamp)`` then checks that every live
+    entry still holds its own bytes after any relocation."""
+    r, lg = rows.to(torch.float32), logical.to(torch.float32)
+    return torch.stack([r * 65536 + lg, -lg - 1, r], 1)
+
+
 class IntegrityError(AssertionError):
     pass
 
