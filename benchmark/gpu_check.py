@@ -1,4 +1,4 @@
-"""The prepared device check (issue 6): what only a GPU can tell about vToken's core and scoring, as one table.
+"""The prepared device check: what only a GPU can tell about vToken's core and scoring, as one table.
 
     python3 benchmark/gpu_check.py [--device cuda|cpu] [--quick] [--json PATH]     (or benchmark/gpu_check.sh)
 

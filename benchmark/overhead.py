@@ -24,7 +24,7 @@ runs every mode once, in a rotated order), so the drift of a shared machine fall
   ``plan_cpu/st``: the worker's share again in the scheduler thread's CPU time (``worker_link_cpu_ms``): the
   difference to ``plan_ms/step`` is time the scheduler waited for a core that another process held;
 - ``copy_ms/step``: relocation copies issued per decode step.
-Targets (issue 6): hooks-only costs < 1% throughput versus plain SGLang (read with ``spread``; the direct figure is
+Targets: hooks-only costs < 1% throughput versus plain SGLang (read with ``spread``; the direct figure is
 ``hook_ms/step`` over ``step_ms``); with the worker, planning inside the loop < 0.2 ms per decode step.
 """
 

@@ -19,40 +19,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vtoken_sglang.serving import SglangServer, cpu_env, default_server_args  # noqa: E402
+from vtoken_sglang.serving import (  # noqa: E402
+    SglangServer,
+    bench_serving_command,
+    cpu_env,
+    default_server_args,
+    random_ids_load,
+)
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
 
 def run_load(url: str, model: str, num_prompts: int, input_len: int, output_len: int, out: Path) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        "sglang",
-        "--base-url",
-        url,
-        "--model",
-        model,
-        "--tokenizer",
-        model,
-        "--dataset-name",
-        "random-ids",
-        "--num-prompts",
-        str(num_prompts),
-        "--random-input-len",
-        str(input_len),
-        "--random-output-len",
-        str(output_len),
-        "--random-range-ratio",
-        "0.5",
-        "--request-rate",
-        "inf",
-        "--seed",
-        "1",
-        "--output-file",
-        str(out),
-    ]
+    cmd = bench_serving_command(url, model, out, *random_ids_load(num_prompts, input_len, output_len), progress=True)
     subprocess.run(cmd, check=True, env=cpu_env({"PYTHONWARNINGS": "ignore"}), stdout=subprocess.DEVNULL)
     return json.loads(out.read_text().strip().splitlines()[-1])
 

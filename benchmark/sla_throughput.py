@@ -33,7 +33,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from serve_bench import finish  # noqa: E402
 
-from vtoken_sglang.serving import SglangServer, cpu_env, default_server_args  # noqa: E402
+from vtoken_sglang.serving import (  # noqa: E402
+    SglangServer,
+    bench_serving_command,
+    cpu_env,
+    default_server_args,
+    random_ids_load,
+)
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
 SATURATION = 0.97  # a rate within 3% of Naive-Evict's best throughput is its saturation point
@@ -44,36 +50,14 @@ def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -
     """One bench_serving run at ``rate`` requests/s (``inf``: all at once); its output throughput and p95 latency."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.jsonl"
-        cmd = [
-            sys.executable,
-            "-m",
-            "sglang.bench_serving",
-            "--backend",
-            "sglang",
-            "--base-url",
+        cmd = bench_serving_command(
             server.url,
-            "--model",
             model,
-            "--tokenizer",
-            model,
-            "--dataset-name",
-            "random-ids",
-            "--num-prompts",
-            str(args.requests),
-            "--random-input-len",
-            str(args.input_len),
-            "--random-output-len",
-            str(args.output_len),
-            "--random-range-ratio",
-            "1.0",
-            "--request-rate",
-            str(rate),
-            "--seed",
-            str(seed),
-            "--disable-tqdm",
-            "--output-file",
-            str(out),
-        ]
+            out,
+            *random_ids_load(args.requests, args.input_len, args.output_len, 1.0),
+            rate=rate,
+            seed=seed,
+        )
         run = subprocess.run(cmd, capture_output=True, text=True, env=cpu_env(), timeout=1800)
         if run.returncode != 0:
             raise RuntimeError(f"bench_serving at rate {rate} failed: {run.stderr[-2000:]}")

@@ -47,6 +47,9 @@ def run_all(
 
 
 PY = sys.executable
+# Server environment of the correctness tests: SGLang's idle memory check is strict, and every decode batch's
+# positions are checked against SGLang's own request bookkeeping.
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 
 
 def prometheus_values(text: str) -> dict[str, float]:

@@ -7,9 +7,9 @@ import json
 import time
 
 import pytest
-from conftest import PY, REPO, prometheus_values, run_all
+from conftest import PY, REPO, STRICT, prometheus_values, run_all
 
-from vtoken_sglang.serving import SglangServer, default_server_args
+from vtoken_sglang.serving import SglangServer, bench_serving_command, default_server_args, random_ids_load
 
 pytestmark = pytest.mark.server
 
@@ -26,7 +26,6 @@ FLAGS = [
     "--vtoken-sinks",
     "4",
 ]
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 SYSTEM = "You are a careful assistant. Answer briefly and cite the page you used. " * 24  # ~58 pages
 SHARED = [SYSTEM + f"Question {i}: what is {i} plus {i}?" for i in range(6)]
 # 8 requests over a ~5-page prompt: each must keep its sinks (a page) live, 8 pages of copies for 5: never pays
@@ -76,36 +75,7 @@ def cow_runs(tiny_model, tmp_path_factory):
 
 
 def run_bench_and_qa(server: SglangServer, model: str, out) -> dict:
-    bench = [
-        PY,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        "sglang",
-        "--model",
-        model,
-        "--tokenizer",
-        model,
-        "--base-url",
-        server.url,
-        "--request-rate",
-        "inf",
-        "--seed",
-        "2",
-        "--disable-tqdm",
-        "--dataset-name",
-        "random-ids",
-        "--num-prompts",
-        "24",
-        "--random-input-len",
-        "200",
-        "--random-output-len",
-        "96",
-        "--random-range-ratio",
-        "0.5",
-        "--output-file",
-        str(out),
-    ]
+    bench = bench_serving_command(server.url, model, out, *random_ids_load(24, 200, 96), seed=2)
     qa = [
         PY,
         str(REPO / "python/long_doc_qa.py"),
@@ -134,23 +104,10 @@ def meta_top(meta: dict) -> list:
 def run_programs(server: SglangServer, model: str, gsp_out) -> tuple:
     """The fork program (branches share the conversation through the tree) and bench_serving's generated shared
     prefix dataset (3 system prompts, 4 questions each)."""
-    bench = [
-        PY,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        "sglang",
-        "--model",
-        model,
-        "--tokenizer",
-        model,
-        "--base-url",
+    bench = bench_serving_command(
         server.url,
-        "--request-rate",
-        "inf",
-        "--seed",
-        "3",
-        "--disable-tqdm",
+        model,
+        gsp_out,
         "--dataset-name",
         "generated-shared-prefix",
         "--gsp-num-groups",
@@ -163,9 +120,8 @@ def run_programs(server: SglangServer, model: str, gsp_out) -> tuple:
         "16",
         "--gsp-output-len",
         "120",
-        "--output-file",
-        str(gsp_out),
-    ]
+        seed=3,
+    )
     fork_run, gsp_run = run_all(
         [
             [

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from conftest import STRICT
 
 from vtoken_sglang.serving import SglangServer, default_server_args
 
@@ -26,7 +27,6 @@ EVICT = [
     "--vtoken-sinks",
     "4",
 ]
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i) for i in range(8)]
 
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
+from conftest import STRICT
 
 from vtoken_sglang.scoring import decode_scores_headsum
 
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "VTOKEN_SGLANG_CHECK_POSITIONS": "1"}
 _rng = random.Random(3)
 # the last prompt is shorter than a page: no tree prefix, so the request's release hands SGLang one page
 PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)] + [[11, 12, 13, 14, 15]]

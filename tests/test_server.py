@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import PY, REPO, run_all
 
-from vtoken_sglang.serving import SglangServer, default_server_args
+from vtoken_sglang.serving import SglangServer, bench_serving_command, default_server_args, random_ids_load
 
 pytestmark = pytest.mark.server
 
@@ -84,38 +84,7 @@ def test_frontend_programs(vtoken_server):
 def test_bench_serving_completes(vtoken_server, tiny_model, tmp_path):
     out = tmp_path / "bench.jsonl"
     (run,) = run_all(
-        [
-            [
-                PY,
-                "-m",
-                "sglang.bench_serving",
-                "--backend",
-                "sglang",
-                "--base-url",
-                vtoken_server.url,
-                "--model",
-                tiny_model,
-                "--tokenizer",
-                tiny_model,
-                "--dataset-name",
-                "random-ids",
-                "--num-prompts",
-                "24",
-                "--random-input-len",
-                "128",
-                "--random-output-len",
-                "32",
-                "--random-range-ratio",
-                "0.5",
-                "--request-rate",
-                "inf",
-                "--seed",
-                "1",
-                "--disable-tqdm",
-                "--output-file",
-                str(out),
-            ]
-        ],
+        [bench_serving_command(vtoken_server.url, tiny_model, out, *random_ids_load(24, 128, 32))],
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Reclaim planning: a pure function from a page-level snapshot to a plan, and the token-level packing of a plan.
 
-Stages (PAPER.md "Reclaim backend"):
+Stages:
 1. Eligibility: a source page is private, not in flight, not its owner's tail page, and neither empty nor full.
 2. Source choice per request: its eligible pages sorted by live count (sparsest first, page id breaks ties); it
    takes the prefix of k pages that maximizes ``k - ceil(live_in_prefix / P)`` (pages freed) among prefixes whose

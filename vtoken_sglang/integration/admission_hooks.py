@@ -55,11 +55,3 @@ def check_decode_mem(original, batch, *args, **kwargs):
     if ok or rt is None or rt.reclaim_under_pressure() == 0:
         return ok
     return original(batch, *args, **kwargs)
-
-
-def release_kv_cache(original, req, tree_cache, *args, **kwargs):
-    """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
-    rt = runtime.RUNTIME
-    if rt is not None and req.kv.req_pool_idx is not None and rt.rows.is_managed(req.kv.req_pool_idx):
-        rt.rows.release(req)
-    return original(req, tree_cache, *args, **kwargs)

@@ -1,6 +1,7 @@
-"""Hooks on SGLang's decode allocation and positions: a managed row is compacted, so its next slot follows the
-tail-page rule (``core.pages.tail_room``), not ``seq_len % page_size``, and its RoPE position is its logical one,
-not its live count. Every hook takes upstream's path while no row is managed."""
+"""Hooks on SGLang's decode allocation, release and positions: a managed row is compacted, so its next slot
+follows the tail-page rule (``core.pages.tail_room``), not ``seq_len % page_size``; its pages are released by
+vToken (SGLang's segment free assumes dense rows); and its RoPE position is its logical one, not its live count.
+Every hook takes upstream's path while no row is managed."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def new_tokens_required_next_decode(original, batch, selected_indices=None):
     cols = torch.tensor([r.kv.kv_committed_len - 1 for r in reqs], dtype=torch.int64, device=dev)
     P = batch.token_to_kv_pool_allocator.page_size
     return int(_needs_page(rt.table.slots[rows, cols], P).sum()) * P + schedule_batch.num_beam_member_rows(reqs)
+
+
+def release_kv_cache(original, req, tree_cache, *args, **kwargs):
+    """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
+    rt = runtime.RUNTIME
+    if rt is not None and req.kv.req_pool_idx is not None and rt.rows.is_managed(req.kv.req_pool_idx):
+        rt.rows.release(req)
+    return original(req, tree_cache, *args, **kwargs)
 
 
 def prepare_for_decode(result, batch, *args, **kwargs) -> None:

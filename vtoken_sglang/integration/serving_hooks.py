@@ -86,7 +86,7 @@ HOOKS = {
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", alloc_hooks.forward_batch_init_new),
     f"{_SCHED}.get_next_batch_to_run": ("BEFORE", get_next_batch_to_run),
     f"{_SCHED}.process_batch_result": ("AFTER", process_batch_result),
-    "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", admission_hooks.release_kv_cache),
+    "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", alloc_hooks.release_kv_cache),
     f"{_SCHED}.get_internal_state": ("AFTER", report_hooks.get_internal_state),
     f"{_SCHED}.on_idle": ("AFTER", report_hooks.scheduler_idle),
     "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats": (

@@ -26,11 +26,9 @@ from vtoken_sglang.core.planner import Plan, Snapshot
 from vtoken_sglang.worker import protocol
 
 logger = logging.getLogger("vtoken_sglang")
-# ``poll`` runs at every decode step. Reading the socket's state costs a syscall, checking the process a waitpid:
-# measured in a CPU server's loop (2 shared cores), about 25 us of the scheduler thread's CPU per step (under 1 us in a
-# quiet loop: the syscalls are what the shared cores make dear). So the socket
-# is read at every poll only while a reply is expected (a snapshot in flight, or the worker's hello), and otherwise
-# (a stray message) at most every QUIET_POLL_S, like the health check.
+# ``poll`` runs at every decode step. Reading the socket's state costs a syscall, checking the process a waitpid,
+# both dear on shared cores: so the socket is read at every poll only while a reply is expected (a snapshot in
+# flight, or the worker's hello), and otherwise (a stray message) at most every QUIET_POLL_S, like the health check.
 QUIET_POLL_S = 0.1
 
 
