@@ -20,6 +20,26 @@ def test_manifest_lists_exactly_the_registered_hooks():
         assert e.target in e.fingerprints, f"{e.target} must fingerprint its own source"
 
 
+def test_architecture_doc_describes_the_code():
+    """docs/architecture.md lists every registered hook with its kind and function, and every integration module."""
+    from conftest import REPO
+
+    doc = (REPO / "docs/architecture.md").read_text()
+    rows = {
+        tuple(c.strip(" `") for c in line.strip("|").split("|"))
+        for line in doc.splitlines()
+        if line.startswith("| `") and line.count("|") == 4
+    }
+    hooks = {**plugin.OPTION_HOOKS, **plugin._serving_hooks()}
+    expected = {
+        (t.removeprefix("sglang.srt."), kind.lower(), f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}")
+        for t, (kind, fn) in hooks.items()
+    }
+    assert expected <= rows, expected - rows
+    modules = sorted(p.name for p in (REPO / "vtoken_sglang/integration").glob("*.py") if p.name != "__init__.py")
+    assert [m for m in modules if f"`{m}`" not in doc] == []
+
+
 def test_fingerprints_match_installed_sglang():
     assert manifest.drifted(manifest.entries()) == []
     manifest.check()
