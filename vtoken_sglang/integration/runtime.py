@@ -24,10 +24,12 @@ from vtoken_sglang.integration.hook_timer import TIMER
 from vtoken_sglang.integration.integrity_watch import IntegrityWatch
 from vtoken_sglang.integration.page_bridge import SglangPagePool
 from vtoken_sglang.integration.planning import InlinePlanning, WorkerPlanning
+from vtoken_sglang.integration.prefix_cow import PrefixCow
 from vtoken_sglang.integration.request_rows import RequestRows
 from vtoken_sglang.integration.score_link import ScoreLink
 from vtoken_sglang.integration.stats import RuntimeStats
 from vtoken_sglang.integration.tp_group import TpGroup
+from vtoken_sglang.integration.worker_link import SNAPSHOT_EVERY, WorkerLink
 from vtoken_sglang.policies import PolicyConfig, make_policy
 from vtoken_sglang.scoring import ScoreCollector
 
@@ -72,8 +74,6 @@ class VTokenRuntime:
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
-        from vtoken_sglang.integration.worker_link import SNAPSHOT_EVERY, WorkerLink
-
         engine = make_copy_engine(list(kv_pool.k_buffer) + list(kv_pool.v_buffer), producer=producer)
         # grace 0: without overlap no forward is in flight when plans are applied; with it, copies wait for the
         # forward in flight (the producer stream) and the next forward waits for the copies. A worker's plan
@@ -97,8 +97,6 @@ class VTokenRuntime:
         )
         self.cow = None
         if tree is not None and cfg.vtoken_cow and self.policy is not None:
-            from vtoken_sglang.integration.prefix_cow import PrefixCow
-
             self.cow = PrefixCow(tree, self.table, self.pool, engine, self.page_size, allow_copies=cfg.vtoken_reclaim)
         self.admission = Admission(
             self.policy,
