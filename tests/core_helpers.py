@@ -27,12 +27,18 @@ class MiniEngine:
         state_names=(),
         grace_steps=1,
         reclaim=True,
+        fence_delay=0,
+        fence_seed=0,
     ):
         self.pool = PagePool(num_pages, page_size, reserve=reserve)
         self.table = TokenTable(rows, max_context, self.pool, state_names=state_names)
         self.kv = [torch.zeros((num_pages + 1) * page_size, 3) for _ in range(4)]
         self.reclaimer = Reclaimer(
-            self.table, CpuCopyEngine(self.kv), theta=theta, grace_steps=grace_steps, enabled=reclaim
+            self.table,
+            CpuCopyEngine(self.kv, fence_delay, fence_seed),
+            theta=theta,
+            grace_steps=grace_steps,
+            enabled=reclaim,
         )
 
     def write(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

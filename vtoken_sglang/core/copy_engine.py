@@ -14,7 +14,10 @@ Contract (one interface, two implementations):
   The next forward is queued after the caller's stream, so ``order_before_next_forward`` orders it after the copy,
   and pages freed by eviction or by a plan are next written only after that forward: no grace period is needed.
 
-``CpuCopyEngine`` is synchronous (every fence is done at once). ``CudaCopyEngine`` copies on a dedicated stream
+``CpuCopyEngine`` is synchronous: its copies are complete when ``copy`` returns. Its fences report so at once,
+or, with ``fence_delay`` N (a debug mode, ``VTOKEN_SGLANG_FENCE_DELAY``), only from a query drawn in ``0..N`` on,
+as a CUDA event may report late: the paths that run while a copy is still in flight then run on CPU too.
+``CudaCopyEngine`` copies on a dedicated stream
 ordered by CUDA events; its kernel is warmed up at construction.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import random
 import time
 from collections.abc import Sequence
 
@@ -36,12 +40,36 @@ class Ticket:
 
 class Fence(abc.ABC):
     @abc.abstractmethod
-    def done(self) -> bool: ...
+    def done(self) -> bool:
+        """Whether the work before the fence has completed (non-blocking; may report late)."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Block until the work before the fence has completed."""
 
 
 class _DoneFence(Fence):
     def done(self) -> bool:
         return True
+
+    def wait(self) -> None:
+        return None
+
+
+class _LateFence(Fence):
+    """A CPU fence over work that is complete, reporting it only from its ``queries + 1``-th ``done()`` on."""
+
+    def __init__(self, queries: int):
+        self.left = queries
+
+    def done(self) -> bool:
+        if self.left > 0:
+            self.left -= 1
+            return False
+        return True
+
+    def wait(self) -> None:
+        self.left = 0
 
 
 class _CudaFence(Fence):
@@ -50,6 +78,9 @@ class _CudaFence(Fence):
 
     def done(self) -> bool:
         return bool(self.event.query())
+
+    def wait(self) -> None:
+        self.event.synchronize()
 
 
 class CopyEngine(abc.ABC):
@@ -70,7 +101,13 @@ class CopyEngine(abc.ABC):
 
 
 class CpuCopyEngine(CopyEngine):
-    """Synchronous copy on the calling thread."""
+    """Synchronous copy on the calling thread. ``fence_delay``: each fence reports not done for a number of
+    queries drawn uniformly from ``0..fence_delay`` (seeded by ``fence_seed``); 0: done at once."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], fence_delay: int = 0, fence_seed: int = 0):
+        super().__init__(buffers)
+        self.fence_delay = fence_delay
+        self._rng = random.Random(fence_seed)
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> Ticket:
         t0 = time.perf_counter()
@@ -83,7 +120,8 @@ class CpuCopyEngine(CopyEngine):
         return None
 
     def fence(self) -> Fence:
-        return _DoneFence()
+        late = self._rng.randint(0, self.fence_delay) if self.fence_delay else 0
+        return _LateFence(late) if late else _DoneFence()
 
 
 class CudaCopyEngine(CopyEngine):
@@ -128,8 +166,11 @@ class CudaCopyEngine(CopyEngine):
         return _CudaFence(ev)
 
 
-def make_copy_engine(buffers: Sequence[torch.Tensor], producer=None) -> CopyEngine:
-    """The engine for the buffers' device; ``producer``: the forward stream when it is not the caller's (CUDA)."""
-    engine = CudaCopyEngine(buffers) if buffers[0].is_cuda else CpuCopyEngine(buffers)
+def make_copy_engine(
+    buffers: Sequence[torch.Tensor], producer=None, fence_delay: int = 0, fence_seed: int = 0
+) -> CopyEngine:
+    """The engine for the buffers' device; ``producer``: the forward stream when it is not the caller's (CUDA);
+    ``fence_delay``/``fence_seed``: the CPU engine's late fences (CUDA events are late by nature)."""
+    engine = CudaCopyEngine(buffers) if buffers[0].is_cuda else CpuCopyEngine(buffers, fence_delay, fence_seed)
     engine.producer = producer
     return engine

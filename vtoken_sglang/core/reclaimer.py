@@ -6,8 +6,10 @@ release after the grace period.
 - rejected: it is malformed (no planner makes it: a worker's plan garbled on the way), it overlaps pages in flight,
   a source no longer looks as planned (owner, live count, tail), a row ended, or its destinations do not fit now
   (I4).
-Source pages stay ``in_flight`` (and allocated) until ``grace_steps`` epochs have passed and the copy engine's
-fence taken at publish time is done: nothing can still read them (I3); then they are freed.
+Source pages stay ``in_flight`` (and allocated) until ``grace_steps`` epochs have passed; then the host waits
+for the copy engine's fence taken after the copy (by then the forward that followed the copy has finished, so the
+wait is short) and frees them: nothing can still read them (I3). When they are freed depends on the epoch only,
+never on when a fence happens to report done, so every TP rank frees the same pages at the same step.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class ReclaimStats:
     planner_ms: float = 0.0  # total
     copy_ms: float = 0.0  # total
     planner_calls: int = 0
+    release_waits: int = 0  # releases whose fence was not done yet at their step: the host waited for the copy
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -186,11 +189,14 @@ class Reclaimer:
         return True
 
     def release_ready(self, force: bool = False) -> int:
-        """Free the source pages whose grace period is over (all of them with ``force``, e.g. at shutdown after a
-        device sync). Returns the number of pages freed."""
+        """Free the source pages whose grace period is over (all of them with ``force``: at idle, or under memory
+        pressure), each after a blocking wait on its copy's fence. Returns the number of pages freed."""
         keep, freed = [], 0
         for p in self._pending:
-            if force or (p.release_epoch <= self.epoch and p.fence.done()):
+            if force or p.release_epoch <= self.epoch:
+                if not p.fence.done():
+                    self.stats.release_waits += 1
+                    p.fence.wait()
                 self.pool.in_flight[p.pages] = False
                 self.pool.free(p.pages)
                 freed += int(p.pages.numel())
@@ -221,8 +227,8 @@ class Reclaimer:
         return applied
 
     def reclaim_now(self, rounds: int = 8) -> int:
-        """Memory is short: plan and apply regardless of theta, up to ``rounds`` plans, within the current epoch.
-        Returns the pages freed (a synchronous engine's sources come back at once; an asynchronous one's later)."""
+        """Memory is short: plan and apply regardless of theta, up to ``rounds`` plans, within the current epoch,
+        waiting for each plan's copy to free its sources at once. Returns the pages freed."""
         if not self.enabled:
             return 0
         before = self.stats.pages_reclaimed
@@ -230,13 +236,13 @@ class Reclaimer:
         return self.stats.pages_reclaimed - before
 
     def _plan_and_apply(self, rounds: int, force: bool) -> list[Plan]:
-        """The reclaim loop: while triggered (or ``force``d), plan, apply, and release what is due, until a plan is
-        empty or refused, or ``rounds`` plans are applied."""
+        """The reclaim loop: while triggered (or ``force``d), plan, apply, and release what is due (``force``d:
+        everything, waiting for the copies), until a plan is empty or refused, or ``rounds`` plans are applied."""
         applied: list[Plan] = []
         while len(applied) < rounds and (force or self.needs_reclaim()):
             plan = self.plan()
             if plan.is_empty() or not self.apply(plan):
                 break
             applied.append(plan)
-            self.release_ready()  # a synchronous engine (grace_steps=0) gets its sources back at once
+            self.release_ready(force)  # grace_steps=0 or forced: the sources come back at once
         return applied

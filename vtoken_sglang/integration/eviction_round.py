@@ -3,13 +3,14 @@
 It runs at the start of ``Scheduler.get_next_batch_to_run`` (after forward N, before step N+1 is admitted and
 prepared; the same point with and without SGLang's overlap scheduler), over the batch that just decoded:
 
-1. ``planning.apply_arrived``: a compaction worker's plan that arrived is applied (inline planner: nothing);
+1. ``planning.begin_round``: relocation sources whose grace step has come are freed (after a wait on their copy's
+   fence); a compaction worker's plan that arrived is applied;
 2. scores: a scored step's attention goes into the policy's state (score policies);
 3. trim: requests over budget + slack become managed if they were not, and their victims are evicted (marked
    dead in the Token Table; pages left without a live token are freed at once: that alone is Naive-Evict);
 4. copy-on-write of tree-prefix pages, every ``COW_EVERY`` trimming rounds;
 5. ``planning.plan_now``: the inline planner plans and applies relocations (copy, then the rows are rewritten
-   behind the copy engine's order; sources are freed when the copy's fence is done);
+   behind the copy engine's order; the sources are freed at the next round's step 1);
 6. the batch's and requests' lengths are written from the Token Table, the peaks sampled, the integrity check run
    every N-th round (``VTOKEN_SGLANG_CHECK_INTEGRITY``);
 7. ``planning.end_step``: a snapshot for the worker, at its cadence.
@@ -30,7 +31,7 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
     rt.stats.decode_steps += 1
     if rt.policy is None:
         return
-    rt.planning.apply_arrived()
+    rt.planning.begin_round()
     try:
         if _trim(rt, batch, ending):
             if rt.cow is not None and rt.stats.rounds % COW_EVERY == 0:

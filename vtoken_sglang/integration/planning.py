@@ -1,11 +1,12 @@
 """Where reclaim plans come from, and when in the eviction round they are applied (``eviction_round``).
 
-The round calls the same three methods with either planner, in one order: ``apply_arrived`` (at its start),
+The round calls the same three methods with either planner, in one order: ``begin_round`` (at its start: the
+sources of earlier plans whose grace step has come are freed, after a wait on their copy's fence),
 ``plan_now`` (after the round's evictions and copy-on-write, only in a round that trimmed some request) and
 ``end_step`` (at its end, always):
 - ``InlinePlanning``: plans are made and applied in ``plan_now``, on the state the evictions just left;
 - ``WorkerPlanning``: ``end_step`` sends the compaction worker a snapshot of that same state (at its cadence); the
-  plan answering it arrives a step or more later and is applied in ``apply_arrived``, before that step's evictions
+  plan answering it arrives a step or more later and is applied in ``begin_round``, before that step's evictions
   change its source pages (``Reclaimer.validate`` drops it whole if they did anyway).
 Every applied plan is folded into the ``plans`` digest.
 """
@@ -26,8 +27,8 @@ class InlinePlanning:
         self.reclaimer = reclaimer
         self.fold = fold
 
-    def apply_arrived(self) -> None:
-        pass
+    def begin_round(self) -> None:
+        self.reclaimer.release_ready()
 
     def plan_now(self) -> None:
         self._folded(self.reclaimer.step())
@@ -54,7 +55,7 @@ class WorkerPlanning(InlinePlanning):
         super().__init__(reclaimer, fold)
         self.link = link
 
-    def apply_arrived(self) -> None:
+    def begin_round(self) -> None:
         self._folded(self.reclaimer.step(self.link.next_plan))
 
     def plan_now(self) -> None:

@@ -18,13 +18,22 @@ logger = logging.getLogger("vtoken_sglang")
 SCORE_DUMP = os.environ.get("VTOKEN_SGLANG_SCORE_DUMP")
 
 
-def scheduler_idle(result, scheduler, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.on_idle``: log this rank's metrics once per burst of work (TP ranks are compared by it),
-    bring the Prometheus series to their idle values, let the compaction worker's client check its health, write
-    the score dump, and (fully idle) run the integrity check."""
+def scheduler_idle(original, scheduler, *args, **kwargs):
+    """AROUND ``Scheduler.on_idle``. Before it, when the scheduler is fully idle: free the relocation sources still
+    pending (SGLang's idle leak check runs inside). After it: log this rank's metrics once per burst of work (TP
+    ranks are compared by it), bring the Prometheus series to their idle values, let the compaction worker's client
+    check its health, write the score dump, and (fully idle) run the integrity check."""
     rt = runtime.RUNTIME
     if rt is None:
-        return
+        return original(scheduler, *args, **kwargs)
+    if scheduler.is_fully_idle():
+        rt.release_before_idle()
+    result = original(scheduler, *args, **kwargs)
+    _after_idle(rt, scheduler)
+    return result
+
+
+def _after_idle(rt, scheduler) -> None:
     if rt.stats.rounds != rt.logged_rounds:
         from sglang.srt.runtime_context import get_parallel
 

@@ -13,6 +13,7 @@ The eviction round that ties them together after each decode step is ``eviction_
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 from vtoken_sglang.config import VTokenConfig
@@ -32,6 +33,11 @@ from vtoken_sglang.integration.tp_group import TpGroup
 from vtoken_sglang.integration.worker_link import SNAPSHOT_EVERY, WorkerLink
 from vtoken_sglang.policies import PolicyConfig, make_policy
 from vtoken_sglang.scoring import ScoreCollector
+
+# Debug: the CPU copy engine's fences report done only after a number of queries drawn from 0..N, seeded per TP
+# rank, as CUDA events may (the copies themselves stay real and synchronous).
+FENCE_DELAY = int(os.environ.get("VTOKEN_SGLANG_FENCE_DELAY", "0"))
+FENCE_SEED = int(os.environ.get("VTOKEN_SGLANG_FENCE_SEED", "0"))
 
 
 class VTokenRuntime:
@@ -74,15 +80,19 @@ class VTokenRuntime:
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
-        engine = make_copy_engine(list(kv_pool.k_buffer) + list(kv_pool.v_buffer), producer=producer)
-        # grace 0: without overlap no forward is in flight when plans are applied; with it, copies wait for the
-        # forward in flight (the producer stream) and the next forward waits for the copies. A worker's plan
-        # arrives a step or more after its snapshot, and waits up to a cadence to be broadcast.
+        engine = make_copy_engine(
+            list(kv_pool.k_buffer) + list(kv_pool.v_buffer), producer, FENCE_DELAY, hash((FENCE_SEED, tp.rank))
+        )
+        # Copies wait for the forward in flight (the producer stream) and the next forward waits for the copies.
+        # Sources are freed one round later, after a wait on the copy's fence: by then the forward that followed
+        # the copy has been launched and the copy is done, so the wait is short and the step is the same on every
+        # TP rank. A worker's plan arrives a step or more after its snapshot, and waits up to a cadence to be
+        # broadcast.
         self.reclaimer = Reclaimer(
             self.table,
             engine,
             theta=cfg.vtoken_theta,
-            grace_steps=0,
+            grace_steps=1,
             max_plan_lag=2 * SNAPSHOT_EVERY if worker else 0,
             enabled=cfg.vtoken_reclaim,
         )
@@ -157,6 +167,12 @@ class VTokenRuntime:
         self.stats.reclaim_on_pressure += 1
         return self.reclaimer.reclaim_now()
 
+    def release_before_idle(self) -> None:
+        """The scheduler is about to go idle (and SGLang to check its pool for leaks): free every relocation
+        source still pending, waiting for its copy (the server is idle: the wait costs nothing)."""
+        if self.reclaimer.pending_pages():
+            self.reclaimer.release_ready(force=True)
+
     def sample_pages(self) -> None:
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
         evictable = self.tree.evictable_size() // self.page_size if self.tree is not None else None
@@ -173,6 +189,7 @@ class VTokenRuntime:
             "hook_ms": round(TIMER.ms, 3),
             "requests_managed": self.rows.requests_managed,
             "resident_dead_tokens": int(pool.used_pages() * self.page_size - pool.live[tracked].sum()),
+            "pending_pages": self.reclaimer.pending_pages(),
             **self.stats.as_dict(with_tree=self.tree is not None),
             **(self.scores.metrics() if self.scores is not None else {}),
             **self.reclaimer.stats.as_dict(),

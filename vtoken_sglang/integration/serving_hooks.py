@@ -88,7 +88,7 @@ HOOKS = {
     f"{_SCHED}.process_batch_result": ("AFTER", process_batch_result),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", alloc_hooks.release_kv_cache),
     f"{_SCHED}.get_internal_state": ("AFTER", report_hooks.get_internal_state),
-    f"{_SCHED}.on_idle": ("AFTER", report_hooks.scheduler_idle),
+    f"{_SCHED}.on_idle": ("AROUND", report_hooks.scheduler_idle),
     "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats": (
         "AFTER",
         report_hooks.report_decode_stats,
