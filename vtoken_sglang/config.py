@@ -41,8 +41,8 @@ class Option:
 
     @property
     def is_switch(self) -> bool:
-        """A flag without a value (``--enable-vtoken``)."""
-        return self.name == "enable_vtoken"
+        """A flag without a value (``--enable-vtoken``): an option that is True or False."""
+        return self.parse is _parse_bool
 
 
 def _parse_int(lo: int) -> Callable[[Any], int]:

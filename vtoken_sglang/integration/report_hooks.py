@@ -26,14 +26,15 @@ def scheduler_idle(original, scheduler, *args, **kwargs):
     rt = runtime.RUNTIME
     if rt is None:
         return original(scheduler, *args, **kwargs)
-    if scheduler.is_fully_idle():
+    fully_idle = scheduler.is_fully_idle()  # on_idle itself neither admits nor runs anything
+    if fully_idle:
         rt.release_before_idle()
     result = original(scheduler, *args, **kwargs)
-    _after_idle(rt, scheduler)
+    _after_idle(rt, fully_idle)
     return result
 
 
-def _after_idle(rt, scheduler) -> None:
+def _after_idle(rt, fully_idle: bool) -> None:
     if rt.stats.rounds != rt.logged_rounds:
         from sglang.srt.runtime_context import get_parallel
 
@@ -48,7 +49,7 @@ def _after_idle(rt, scheduler) -> None:
         torch.save(dump, SCORE_DUMP + ".tmp")
         os.replace(SCORE_DUMP + ".tmp", SCORE_DUMP)  # readers never see a partial file
         dump.clear()  # each idle writes the steps since the last one
-    if scheduler.is_fully_idle():
+    if fully_idle:
         rt.integrity.at_idle()
 
 

@@ -170,8 +170,7 @@ class VTokenRuntime:
     def release_before_idle(self) -> None:
         """The scheduler is about to go idle (and SGLang to check its pool for leaks): free every relocation
         source still pending, waiting for its copy (the server is idle: the wait costs nothing)."""
-        if self.reclaimer.pending_pages():
-            self.reclaimer.release_ready(force=True)
+        self.reclaimer.release_ready(force=True)
 
     def sample_pages(self) -> None:
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
