@@ -122,6 +122,7 @@ _CHECKED_FIELDS = {
     "device": None,
     "disable_cuda_graph": False,
     "enable_mixed_chunk": False,
+    "enable_dp_attention": False,
     "disable_radix_cache": False,
 }
 
@@ -260,6 +261,11 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
         raise ConfigError(
             f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
             "in an extend batch get positions from their live length, not their logical one)"
+        )
+    if getattr(server_args, "enable_dp_attention", False):
+        raise ConfigError(
+            f"{flag('enable_dp_attention')}: DP attention is not supported with vToken (it runs decode batches as "
+            "extend batches, whose positions come from live lengths, not logical ones); use --dp-size without it"
         )
     if (
         cfg.vtoken_policy in DECODE_SCORE_POLICIES
