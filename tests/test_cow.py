@@ -207,6 +207,7 @@ def test_bench_and_shared_document_program_and_metrics(cow_runs):
         assert metrics[f"sglang:vtoken_{name}_total"] == pytest.approx(state[name], rel=1e-3), name
     assert metrics["sglang:vtoken_cow_copies_total"] > 0
     assert metrics["sglang:vtoken_allocated_pages"] == 0 and metrics["sglang:vtoken_live_tokens"] == 0  # idle values
+    assert metrics["sglang:vtoken_pending_pages"] == 0
     assert {
         "sglang:vtoken_fragmentation",
         "sglang:vtoken_resident_dead_tokens",

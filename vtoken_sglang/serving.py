@@ -42,6 +42,29 @@ def cpu_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def cpu_threads_bind(server_args: list[str]) -> str | None:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for a CPU server with more than one rank (``--tp-size`` x ``--dp-size``):
+    SGLang's CPU engine otherwise gives each rank a NUMA node and stops at start when there are more ranks than
+    nodes (one node here). The cores are dealt out round-robin, one group per rank (a rank may share a core on a
+    small machine). None for a single rank."""
+    ranks = _flag_value(server_args, ("--tp", "--tp-size"), 1) * _flag_value(server_args, ("--dp", "--dp-size"), 1)
+    if ranks <= 1:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    groups = [cores[i::ranks] or [cores[i % len(cores)]] for i in range(ranks)]
+    return "|".join(",".join(map(str, g)) for g in groups)
+
+
+def _flag_value(args: list[str], names: tuple[str, ...], default: int) -> int:
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            return int(args[i + 1])
+        for n in names:
+            if a.startswith(n + "="):
+                return int(a.split("=", 1)[1])
+    return default
+
+
 def bench_serving_command(
     url: str,
     model: str,
@@ -130,8 +153,12 @@ class SglangServer:
             os.close(fd)
             self.log_path = Path(name)
         log = open(self.log_path, "wb")
+        env = cpu_env(self.env)
+        bind = cpu_threads_bind(self.args) if not _has_cuda() else None
+        if bind is not None:
+            env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", bind)
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=cpu_env(self.env), start_new_session=True
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         log.close()
         try:

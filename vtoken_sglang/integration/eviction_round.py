@@ -13,7 +13,8 @@ prepared; the same point with and without SGLang's overlap scheduler), over the 
    behind the copy engine's order; the sources are freed at the next round's step 1);
 6. the batch's and requests' lengths are written from the Token Table, the peaks sampled, the integrity check run
    every N-th round (``VTOKEN_SGLANG_CHECK_INTEGRITY``);
-7. ``planning.end_step``: a snapshot for the worker, at its cadence.
+7. ``planning.end_step``: a snapshot for the worker, at its cadence; the step's page accounting (free pages,
+   pending pages, plans applied) is folded into ``digest_accounting``, compared across TP ranks.
 Steps 4-6 run only in a round that trimmed some request. Requests whose queued result ends them by length (the
 overlap scheduler's, ``ending``) are left alone: the results would have finished them.
 """
@@ -22,12 +23,16 @@ from __future__ import annotations
 
 import torch
 
+from vtoken_sglang.integration import host_reads
+
 COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
 
 
 def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
     """The round over ``batch`` (``rt``: the ``VTokenRuntime``). ``lock_holders``: requests outside the batch that
     may hold a radix-tree lock (the one being chunked). ``ending``: ids of requests whose pending result ends them."""
+    if host_reads.ENABLED:
+        host_reads.HOST_READS.end_step(_activity(rt))
     rt.stats.decode_steps += 1
     if rt.policy is None:
         return
@@ -46,6 +51,11 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
             rt.integrity.after_round()
     finally:
         rt.planning.end_step()
+        rt.stats.fold_step(
+            rt.allocator.available_size() // rt.page_size,
+            rt.reclaimer.pending_pages(),
+            rt.reclaimer.stats.plans_admitted,
+        )
 
 
 def _trim(rt, batch, ending: set) -> bool:
@@ -73,3 +83,19 @@ def _trim(rt, batch, ending: set) -> bool:
         rt.pool.free(table.evict(vr, vc))
         rt.stats.tokens_evicted += int(vr.numel())
     return True
+
+
+def _activity(rt) -> tuple:
+    """Counters that every kind of work between two rounds advances (``host_reads``: quiet vs busy steps)."""
+    r = rt.reclaimer.stats
+    sent = rt.planning.metrics().get("worker_snapshots_sent", 0)
+    return (
+        rt.stats.rounds,
+        rt.stats.reclaim_on_pressure,
+        r.plans_admitted,
+        r.plans_rejected,
+        r.plans_stale,
+        r.pages_reclaimed,
+        sent,
+        rt.rows.requests_managed,
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-GAUGES = ("live_tokens", "resident_dead_tokens", "allocated_pages", "fragmentation")
+GAUGES = ("live_tokens", "resident_dead_tokens", "allocated_pages", "fragmentation", "pending_pages")
 COUNTERS = (
     "pages_reclaimed",
     "tokens_moved",
@@ -31,6 +31,7 @@ DOC = {
     "resident_dead_tokens": "Evicted tokens still occupying slots of pages vToken tracks.",
     "allocated_pages": "KV pages held by requests vToken manages.",
     "fragmentation": "Intra-page waste F: dead slots / allocated slots of tracked pages.",
+    "pending_pages": "Relocation source pages copied out and not freed yet (freed one round after their copy).",
     "pages_reclaimed": "Pages freed by relocation.",
     "tokens_moved": "Live tokens relocated by compaction.",
     "tokens_evicted": "Tokens evicted by the policy.",

@@ -84,13 +84,17 @@ def _inflight_engine_kwargs() -> dict:
 
 
 def _register(hooks: dict[str, tuple[str, Callable]]) -> None:
-    """Register with SGLang's hook registry; serving hooks are timed (``hook_timer``), option hooks are not."""
+    """Register with SGLang's hook registry; serving hooks are timed (``hook_timer``) and, in that debug mode, have
+    their device-to-host reads counted (``host_reads``); option hooks are neither."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from vtoken_sglang.integration.hook_timer import TIMER
+    from vtoken_sglang.integration.host_reads import HOST_READS
 
     for target, (kind, fn) in hooks.items():
-        HookRegistry.register(target, fn if target in OPTION_HOOKS else TIMER.timed(kind, fn), HookType[kind])
+        if target not in OPTION_HOOKS:
+            fn = TIMER.timed(kind, HOST_READS.counted(kind, fn))
+        HookRegistry.register(target, fn, HookType[kind])
 
 
 def register() -> None:

@@ -8,8 +8,9 @@ import os
 
 import torch
 
-from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration import host_reads, runtime
 from vtoken_sglang.integration.hook_timer import TIMER
+from vtoken_sglang.integration.host_reads import HOST_READS
 from vtoken_sglang.integration.metrics_export import PrometheusExporter, log_line
 
 logger = logging.getLogger("vtoken_sglang")
@@ -79,5 +80,6 @@ def get_internal_state(result, scheduler, *args, **kwargs):
         result.internal_state["vtoken"] = {
             **rt.metrics(),
             "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()},
+            **({"host_reads_by_hook": dict(HOST_READS.by_hook)} if host_reads.ENABLED else {}),
         }
     return result

@@ -22,6 +22,7 @@ from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.integration.admission import Admission
 from vtoken_sglang.integration.hook_timer import TIMER
+from vtoken_sglang.integration.host_reads import HOST_READS
 from vtoken_sglang.integration.integrity_watch import IntegrityWatch
 from vtoken_sglang.integration.page_bridge import SglangPagePool
 from vtoken_sglang.integration.planning import InlinePlanning, WorkerPlanning
@@ -193,6 +194,7 @@ class VTokenRuntime:
             **(self.scores.metrics() if self.scores is not None else {}),
             **self.reclaimer.stats.as_dict(),
             **self.planning.metrics(),
+            **HOST_READS.metrics(),
             **(self.cow.metrics() if self.cow is not None else {}),
         }
 

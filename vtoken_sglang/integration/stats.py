@@ -4,6 +4,8 @@ the log lines, ``/get_server_info`` and Prometheus show."""
 from __future__ import annotations
 
 import dataclasses
+import struct
+import zlib
 
 import torch
 
@@ -26,6 +28,7 @@ class RuntimeStats:
     integrity_checks: int = 0  # full integrity checks run (VTOKEN_SGLANG_CHECK_INTEGRITY=1)
     digest_victims: int = 0  # order-independent digests of decisions, compared across TP ranks and runs
     digest_plans: int = 0
+    digest_accounting: int = 0  # per decode step: free pages, pending pages, plans applied (order-dependent)
 
     def fold(self, name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         """Fold the pairs ``(a[i], b[i])`` into digest ``name`` (``victims``: row key, logical id; ``plans``:
@@ -33,6 +36,12 @@ class RuntimeStats:
         h = int(mix_hash(17, a.to(torch.int64).cpu()[None, :], b.to(torch.int64).cpu()[None, :]).sum()) % DIGEST_MOD
         attr = "digest_" + name
         setattr(self, attr, (getattr(self, attr) + h) % DIGEST_MOD)
+
+    def fold_step(self, free_pages: int, pending_pages: int, plans_applied: int) -> None:
+        """Fold one decode step's page accounting into ``digest_accounting``, in step order (host ints only): equal
+        on every TP rank only if every rank saw the same free pages, pending pages and plans at every step."""
+        h = zlib.crc32(struct.pack("<4q", self.decode_steps, free_pages, pending_pages, plans_applied))
+        self.digest_accounting = (self.digest_accounting * 1_000_003 + h) % DIGEST_MOD
 
     def sample_pages(self, pool_pages_used: int, tracked: int, tree_evictable_pages: int | None) -> None:
         """Peaks after a round; ``tree_evictable_pages``: None without a radix tree."""
