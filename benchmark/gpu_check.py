@@ -15,6 +15,9 @@ and ``scoring_cost.py`` beside it. Rows (``check  result  figure  unit/notes``),
                   published before it is complete;
   ``reclaim_integrity``  a Reclaimer over a TokenTable with real evictions, relocating K/V stamped with
                   (request, logical id) in device buffers, then ``check_integrity`` (bytes included);
+  ``late_release``  copies that complete late (the copy stream delayed): sources are freed at the same step, and
+                  the same pages, as with copies that complete at once (a blocking wait at the release step),
+                  everything pending is freed at idle, integrity after;
   ``triton_scores``  the Triton scoring kernel equals the torch reference (GQA groups 1-4, head dims that are
                   not powers of two, partial blocks, an empty row);
   ``window_scores``  SnapKV's ``window_scores_headsum`` on the device against a float64 CPU computation.
@@ -227,7 +230,9 @@ class StampedEngine:
     """PagePool + TokenTable (host) + Reclaimer over device K/V buffers ``[slots, 3]`` holding
     ``token_stamp`` bytes."""
 
-    def __init__(self, device: str, rows: int, num_pages: int, page_size: int = 16):
+    def __init__(
+        self, device: str, rows: int, num_pages: int, page_size: int = 16, fence_delay: int = 0, fence_seed: int = 0
+    ):
         from vtoken_sglang.core.pages import PagePool
         from vtoken_sglang.core.reclaimer import Reclaimer
         from vtoken_sglang.core.token_table import TokenTable
@@ -236,7 +241,8 @@ class StampedEngine:
         self.pool = PagePool(num_pages, page_size, reserve=8)
         self.table = TokenTable(rows, 4096, self.pool)
         self.kv = [torch.zeros((num_pages + 1) * page_size, 3, device=device) for _ in range(4)]
-        self.reclaimer = Reclaimer(self.table, make_copy_engine(self.kv), theta=0.0, grace_steps=1)
+        engine = make_copy_engine(self.kv, fence_delay=fence_delay, fence_seed=fence_seed)
+        self.reclaimer = Reclaimer(self.table, engine, theta=0.0, grace_steps=1)
 
     def write(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
         """Append ``counts[i]`` tokens to request ``rows[i]``, writing their stamps into every buffer."""
@@ -296,6 +302,56 @@ def check_reclaim(s: Setup) -> Row:
         f"pages reclaimed; {st.tokens_moved} tokens moved "
         f"in {st.plans_admitted} plans, 12 steps, check_integrity after every 3rd",
         data=st.as_dict(),
+    )
+
+
+def check_late_release(s: Setup) -> Row:
+    """Relocation sources are freed at a fixed step, whatever the copy's timing: the same (freed, pending, free)
+    pages at every step when the copies complete late (CUDA: the copy stream is delayed 30 ms before each step, so
+    a fence is still pending at its release step; CPU: fences that report done late, delay 4, two seeds) as when
+    they complete at once; at idle, ``release_ready(force=True)`` waits and frees everything pending; integrity
+    (bytes included) after."""
+    cuda = s.device == "cuda"
+
+    def run(late: bool, seed: int) -> tuple[list, int, int]:
+        g = torch.Generator().manual_seed(3)
+        eng = StampedEngine(s.device, rows=8, num_pages=320, fence_delay=4 if late and not cuda else 0, fence_seed=seed)
+        rec, rows = eng.reclaimer, torch.arange(8)
+        eng.table.open_rows(rows)
+        eng.write(rows, torch.randint(100, 300, (8,), generator=g))
+        per_step = []
+        for _ in range(8):
+            eng.evict_random(0.3, g)
+            if late and cuda:
+                with torch.cuda.stream(rec.engine.stream):
+                    s.sleep(30)
+            before = rec.stats.pages_reclaimed
+            rec.step()
+            per_step.append((rec.stats.pages_reclaimed - before, rec.pending_pages(), eng.pool.num_free()))
+            eng.write(rows, torch.full((8,), 16))
+        pending_at_idle = rec.pending_pages()
+        rec.release_ready(force=True)  # the server goes idle
+        if rec.pending_pages() != 0:
+            raise AssertionError("pages still pending after the idle release")
+        eng.check()
+        return per_step, rec.stats.release_waits, pending_at_idle
+
+    instant, waits0, _ = run(False, 0)
+    late_a, waits_a, idle_a = run(True, 1)
+    late_b, waits_b, _ = run(True, 2)
+    if late_a != instant or late_b != instant:
+        raise AssertionError(f"release steps depend on fence timing: {instant} vs {late_a} vs {late_b}")
+    if waits_a + waits_b == 0 or waits0 != 0:
+        raise AssertionError(f"no release waited for a late fence (waits {waits0}, {waits_a}, {waits_b})")
+    if idle_a == 0:
+        raise AssertionError("nothing was pending at idle")
+    how = "copy stream delayed 30 ms per step" if cuda else "CPU fences late (delay 4, seeds 1 and 2)"
+    return Row(
+        "late_release",
+        "ok",
+        f"{waits_a + waits_b}",
+        f"releases waited on a late fence; 8 steps identical to instant copies ({how}); {idle_a} pages freed at idle",
+        data={"per_step": instant, "release_waits": [waits0, waits_a, waits_b]},
     )
 
 
@@ -613,6 +669,7 @@ def run_checks(s: Setup) -> list[Row]:
         single("overlap_order", check_overlap_order, s),
         single("fence_done", check_fence, s),
         single("reclaim_integrity", check_reclaim, s),
+        single("late_release", check_late_release, s),
         guarded_rows("copy_time", False, time_copy_rows(s)),
         single("triton_scores", check_triton, s),
         single("window_scores", check_window, s),

@@ -15,6 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Every server the tests start runs the core's integrity check at idle and every few eviction rounds.
 os.environ.setdefault("VTOKEN_SGLANG_CHECK_INTEGRITY", "1")
 os.environ.setdefault("VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY", "4")
+# ... and its copies' fences report done late, as CUDA events may (test_integration keeps instant-fence servers
+# beside a late-fence one).
+os.environ.setdefault("VTOKEN_SGLANG_FENCE_DELAY", "4")
+INSTANT_FENCES = {"VTOKEN_SGLANG_FENCE_DELAY": "0"}
 
 
 @pytest.fixture(scope="session")

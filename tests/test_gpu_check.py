@@ -14,6 +14,7 @@ CHECKS = (
     "overlap_order",
     "fence_done",
     "reclaim_integrity",
+    "late_release",
     "copy_time[",
     "triton_scores",
     "window_scores",

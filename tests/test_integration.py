@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from conftest import STRICT
+from conftest import INSTANT_FENCES, STRICT
 
 from vtoken_sglang.serving import SglangServer, default_server_args
 
@@ -37,7 +37,10 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
     worker, killed (-9) in the middle of the load, and ``vtoken`` again with copies whose fences report done late,
     as CUDA events may (``late``; one server at a time)."""
     results = {}
-    late = {**STRICT, "VTOKEN_SGLANG_FENCE_DELAY": "4", "VTOKEN_SGLANG_FENCE_SEED": "7"}
+    counted = {"VTOKEN_SGLANG_COUNT_HOST_READS": "1"}
+    instant = {**STRICT, **INSTANT_FENCES}
+    late = {**STRICT, **counted, "VTOKEN_SGLANG_FENCE_DELAY": "4", "VTOKEN_SGLANG_FENCE_SEED": "7"}
+    env_of = {"late": late, "serial": {**instant, **counted}}
     for mode, extra in (
         ("naive", ["--vtoken-reclaim", "off"]),
         ("vtoken", ["--vtoken-reclaim", "on"]),
@@ -46,7 +49,7 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
         ("late", ["--vtoken-reclaim", "on"]),
     ):
         log = tmp_path_factory.mktemp(mode) / "server.log"
-        env = late if mode == "late" else STRICT
+        env = env_of.get(mode, instant)
         with SglangServer(tiny_model, default_server_args() + EVICT + extra, log_path=log, env=env) as s:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 load = pool.submit(s.generate, PROMPTS, 160, ignore_eos=True)
@@ -137,6 +140,18 @@ def test_late_fences_change_nothing_seen(naive_and_vtoken):
         assert late["vtoken"][key] == vtoken["vtoken"][key], key
     assert late["vtoken"]["release_waits"] > 0 and vtoken["vtoken"]["release_waits"] == 0  # the fences were late
     assert late["vtoken"]["pages_reclaimed"] > 0 and late["vtoken"]["pending_pages"] == 0
+
+
+def test_quiet_decode_steps_read_nothing_from_the_device(naive_and_vtoken):
+    """A decode step whose eviction round has nothing to do (no request over budget, no plan, nothing to release)
+    makes no device-to-host read in vToken's hooks (what upstream's decode step has), with the overlap scheduler
+    (``late``) and without it (``serial``); most steps are such steps (``VTOKEN_SGLANG_COUNT_HOST_READS``)."""
+    for mode in ("late", "serial"):
+        st = naive_and_vtoken[mode]["vtoken"]
+        assert st["host_reads_steps"] == st["decode_steps"] > 0, mode
+        assert st["host_reads_quiet_steps"] > st["host_reads_steps"] // 2, (mode, st)
+        assert st["host_reads_quiet_max"] == 0, (mode, st["host_reads_quiet_where"])
+        assert st["host_reads_busy_max"] > 0, (mode, st)  # the counter sees the reads of busy rounds
 
 
 def test_overlap_scheduler_on_and_off_identical(naive_and_vtoken):

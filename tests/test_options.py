@@ -38,8 +38,8 @@ BAD_CLI = [
     ),
     (["--enable-vtoken", "--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
     (
-        ["--enable-vtoken", "--dp-size", "2", "--enable-dp-attention"],
-        "--enable-dp-attention: DP attention is not supported with vToken",
+        ["--enable-vtoken", "--dp-size", "2", "--attn-dp-size", "2"],
+        "--attn-dp-size 2: DP attention is not supported with vToken",
     ),
     (
         ["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget", "512", "--vtoken-score-every", "2"],

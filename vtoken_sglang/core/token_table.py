@@ -133,17 +133,18 @@ class TokenTable:
         decode step). ``rows`` are distinct (a batch holds a request
         once), so no two new tokens share a page, and each lands in a page of its own row: the tail page with
         room, or a fresh one claimed here. Hence no boolean indexing (a parallel region per call on shared
-        cores) and no filter for tree pages."""
+        cores) and no filter for tree pages. No host read: its checks run on the device."""
         r = rows.to(torch.int64)
         col = self.live_len[r]
-        assert int(col.max()) < self.max_context, "row overflow"
+        # checked on the device (no host read in the per-step path; on CPU it raises at once)
+        torch._assert_async(col.max() < self.max_context, "row overflow")
         self.logical[r, col] = self.logical_len[r].to(torch.int32)
         for t in self.state.values():
             t[r, col] = 0
         pages = self.slots[r, col].to(torch.int64) // self.page_size
         owner, r32 = self.pages.owner[pages], r.to(torch.int32)
         owner = torch.where(owner == FREE, r32, owner)
-        assert bool((owner == r32).all()), "a decode token in a page of another owner"
+        torch._assert_async((owner == r32).all(), "a decode token in a page of another owner")
         self.pages.owner[pages] = owner
         ones = torch.ones_like(r)
         self.pages.live.index_add_(0, pages, ones.to(torch.int32))

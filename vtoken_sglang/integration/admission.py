@@ -7,8 +7,9 @@ from). The hooks of ``admission_hooks`` ask ``future_kv``; pressure reclaim befo
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
+from vtoken_sglang.integration.host_reads import on_host
 from vtoken_sglang.policies import Policy
 
 
@@ -44,8 +45,8 @@ class Admission:
         dead. Not capped: ``remaining_new``."""
         if not self.capped:
             return remaining_new
-        final = torch.tensor([logical_now + max(remaining_new, 0)])
-        keep = max(int(self.policy.budget(final)[0]), max(self.policy.cfg.recent, 1))
+        final = np.array([logical_now + max(remaining_new, 0)], dtype=np.int64)
+        keep = max(int(on_host(self.policy.budget, final)[0]), max(self.policy.cfg.recent, 1))
         keep += self.policy.cfg.slack + (0 if self.reclaim else self.page_size)
         held = current_len if self.prefix_copies else max(current_len - protected, 0)
         return max(0, min(remaining_new, keep - held))

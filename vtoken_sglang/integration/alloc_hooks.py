@@ -8,10 +8,12 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import tail_room
 from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration.host_reads import host_array, uncounted
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -24,14 +26,25 @@ def _needs_page(last_slot: torch.Tensor, page_size: int) -> torch.Tensor:
 
 def alloc_decode(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs):
     """AROUND ``PagedTokenToKVPoolAllocator.alloc_decode``: one slot per request by the tail-page rule. Same
-    contract as upstream: None when out of pages."""
+    contract as upstream: None when out of pages. Inside ``prepare_for_decode`` the rule is taken on the host
+    mirrors (``RequestRows.needs_page``: no device read), elsewhere on ``last_loc``."""
     rt = runtime.RUNTIME
     if args or kwargs or rt is None or rt.rows.n_managed == 0:  # every row dense: upstream's rule holds
         return original(allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs)
     P = allocator.page_size
+    out = (last_loc + 1).to(torch.int64)
+    rows = _PREPARING.get("rows")
+    if rows is not None and len(rows) == len(seq_lens_cpu):
+        at = np.flatnonzero(rt.rows.needs_page(rows, host_array(seq_lens_cpu) - 1))
+        if len(at) == 0:
+            return out
+        slots = allocator.alloc(len(at) * P)
+        if slots is None:
+            return None
+        out[torch.from_numpy(at).to(out.device)] = slots[::P].to(out.dtype)
+        return out
     need = _needs_page(last_loc, P)
     n_new = int(need.sum())
-    out = (last_loc + 1).to(torch.int64)
     if n_new:
         slots = allocator.alloc(n_new * P)
         if slots is None:
@@ -41,7 +54,8 @@ def alloc_decode(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, *
 
 
 def new_tokens_required_next_decode(original, batch, selected_indices=None):
-    """AROUND ``ScheduleBatch.new_tokens_required_next_decode``: count new pages by the tail-page rule."""
+    """AROUND ``ScheduleBatch.new_tokens_required_next_decode``: count new pages by the tail-page rule (on the host
+    mirrors)."""
     rt = runtime.RUNTIME
     if not batch.spec_algorithm.is_none() or rt is None or rt.rows.n_managed == 0:
         return original(batch, selected_indices)
@@ -50,11 +64,10 @@ def new_tokens_required_next_decode(original, batch, selected_indices=None):
         return 0
     from sglang.srt.managers import schedule_batch
 
-    dev = rt.table.slots.device
-    rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
-    cols = torch.tensor([r.kv.kv_committed_len - 1 for r in reqs], dtype=torch.int64, device=dev)
+    rows = np.fromiter((r.kv.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
+    lens = np.fromiter((r.kv.kv_committed_len for r in reqs), dtype=np.int64, count=len(reqs))
     P = batch.token_to_kv_pool_allocator.page_size
-    return int(_needs_page(rt.table.slots[rows, cols], P).sum()) * P + schedule_batch.num_beam_member_rows(reqs)
+    return int(rt.rows.needs_page(rows, lens).sum()) * P + schedule_batch.num_beam_member_rows(reqs)
 
 
 def release_kv_cache(original, req, tree_cache, *args, **kwargs):
@@ -65,11 +78,22 @@ def release_kv_cache(original, req, tree_cache, *args, **kwargs):
     return original(req, tree_cache, *args, **kwargs)
 
 
-def prepare_for_decode(result, batch, *args, **kwargs) -> None:
-    """AFTER ``ScheduleBatch.prepare_for_decode``: register the new slot of every managed request."""
+_PREPARING: dict = {}  # "rows": host row ids of the batch ``prepare_for_decode`` is preparing (for alloc_decode)
+
+
+def prepare_for_decode(original, batch, *args, **kwargs):
+    """AROUND ``ScheduleBatch.prepare_for_decode``: its slot allocation sees the batch's host rows; afterwards the
+    new slot of every managed request is registered."""
     rt = runtime.RUNTIME
-    if rt is not None and batch.spec_algorithm.is_none():
-        rt.rows.sync_decode(batch)
+    if rt is None or not batch.spec_algorithm.is_none():
+        return original(batch, *args, **kwargs)
+    _PREPARING["rows"] = host_array(batch.req_pool_indices_cpu) if rt.rows.n_managed else None
+    try:
+        result = original(batch, *args, **kwargs)
+    finally:
+        _PREPARING.clear()
+    rt.rows.sync_decode(batch)
+    return result
 
 
 def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
@@ -92,7 +116,8 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
         if rt.rows.n_managed:  # unmanaged rows have offset 0
             ret.positions = ret.positions + rt.rows.position_offset(ret.req_pool_indices).to(ret.positions.dtype)
         if CHECK_POSITIONS:
-            _check_positions(rt, batch, ret.positions)
+            with uncounted():
+                _check_positions(rt, batch, ret.positions)
     return ret
 
 

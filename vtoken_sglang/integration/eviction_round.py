@@ -21,9 +21,11 @@ overlap scheduler's, ``ending``) are left alone: the results would have finished
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vtoken_sglang.integration import host_reads
+from vtoken_sglang.integration.host_reads import host_array, on_host
 
 COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
 
@@ -59,24 +61,28 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
 
 
 def _trim(rt, batch, ending: set) -> bool:
-    """Steps 2-3, vectorized over the batch. Returns whether some request was over budget."""
-    rows = batch.req_pool_indices.to(torch.int64)
-    live = batch.seq_lens.to(torch.int64)
-    running = torch.tensor(
-        [not r.finished() and id(r) not in ending for r in batch.reqs], dtype=torch.bool, device=rows.device
+    """Steps 2-3, vectorized over the batch. Returns whether some request was over budget. Whether one is, is
+    decided on the host (SGLang's host lengths and the rows' host offsets): a round that trims nothing reads
+    nothing from the device."""
+    host_rows = host_array(batch.req_pool_indices_cpu)
+    live = host_array(batch.seq_lens_cpu).astype(np.int64)
+    running = np.fromiter(
+        (not r.finished() and id(r) not in ending for r in batch.reqs), dtype=bool, count=len(batch.reqs)
     )
     if rt.scores is not None:
-        rt.scores.observe_decode(batch, rows, live, running)
-    table = rt.table
-    logical = torch.where(table.active[rows], table.logical_len[rows], live)
-    over_mask = running & (live > rt.policy.budget(logical) + rt.policy.cfg.slack)
-    if not bool(over_mask.any()):
+        rows = batch.req_pool_indices.to(torch.int64)
+        on_device = torch.from_numpy(running).to(rows.device)
+        rt.scores.observe_decode(batch, rows, batch.seq_lens.to(torch.int64), on_device)
+    logical = live + rt.rows.host_offset[host_rows]
+    over_mask = running & (live > on_host(rt.policy.budget, logical) + rt.policy.cfg.slack)
+    if not over_mask.any():
         return False
-    over = [batch.reqs[i] for i in torch.nonzero(over_mask).flatten().tolist()]
+    over = [batch.reqs[i] for i in np.flatnonzero(over_mask)]
     new = [r for r in over if not rt.rows.is_managed(r.kv.req_pool_idx)]
     if new:
         rt.rows.manage(new)
-    rows = torch.tensor([r.kv.req_pool_idx for r in over], dtype=torch.int64, device=table.slots.device)
+    table = rt.table
+    rows = torch.from_numpy(host_rows[over_mask]).to(table.slots.device)
     vr, vc = rt.policy.select_victims(table, rows)
     if vr.numel():
         rt.stats.fold("victims", table.row_key[vr], table.logical[vr, vc])
@@ -98,4 +104,5 @@ def _activity(rt) -> tuple:
         r.pages_reclaimed,
         sent,
         rt.rows.requests_managed,
+        rt.rows.n_managed,
     )

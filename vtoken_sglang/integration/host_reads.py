@@ -2,25 +2,29 @@
 
 On a GPU, reading a device tensor's value on the host waits for everything queued before it on the stream: under
 SGLang's overlap scheduler, a read between two forwards is a stall of the pipeline. Those reads are: ``bool()``,
-``int()``, ``float()``, ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, and the ops whose output size depends
+``int()``, ``float()``, ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``.to()`` from a device to the
+CPU, and the ops whose output size depends
 on the data (``nonzero``, boolean-mask indexing and assignment, ``unique``, ``masked_select``,
 ``repeat_interleave`` without ``output_size``). Upstream SGLang's decode step reads none outside the point where
 it takes the sampled tokens; what vToken adds is what this counts.
 
 How: every serving hook is wrapped by ``counted`` (with the mode on only), which runs vToken's own code under a
 ``TorchFunctionMode`` that counts those calls; the upstream call an AROUND hook wraps is not counted. Every tensor
-counts (on CPU there is no other device to tell host tensors from), except through ``host_array``: the view of a
-tensor that SGLang keeps on the host by contract (``seq_lens_cpu``, ``req_pool_indices_cpu``), which asserts that
-it is on the CPU. A *step* is the interval between two eviction rounds (one decode iteration: the round, then
-the next batch's preparation and forward); it is *quiet* if its round neither trimmed, nor applied, dropped or
-released a plan, nor sent a snapshot, nor reclaimed under pressure.
+counts (on CPU there is no other device to tell host tensors from), except through ``host_array`` (the view of a
+tensor SGLang keeps on the host by contract: ``seq_lens_cpu``, ``req_pool_indices_cpu``; it asserts that it is on
+the CPU), ``on_host`` (a tensor rule applied to host arrays) and ``uncounted`` (debug checks). A *step* is the
+interval between two eviction rounds (one decode iteration: the round, then the next batch's preparation and
+forward); it is *quiet* if in it vToken neither trimmed, nor applied, dropped or released a plan, nor sent a
+snapshot, nor reclaimed under pressure, nor started or ended a managed request. Reads made to report metrics
+(``REPORTING`` hooks) are counted per hook only; ``host_reads_quiet_where`` names the reads of quiet steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -28,6 +32,8 @@ from torch.overrides import TorchFunctionMode
 
 ENABLED = os.environ.get("VTOKEN_SGLANG_COUNT_HOST_READS") == "1"
 
+# Hooks that read to report (SGLang's decode log cadence, /get_server_info, idle): counted per hook, not per step.
+REPORTING = frozenset({"report_decode_stats", "get_internal_state", "scheduler_idle"})
 _VALUE_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"}
 _DATA_SIZED = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "_unique2"}
 
@@ -48,7 +54,7 @@ def is_host_read(func, args: tuple, kwargs: dict) -> bool:
         return isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), torch.Tensor) and (
             kwargs.get("output_size") is None
         )
-    if name == "to":
+    if name == "to" and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
         targets = [*args[1:], kwargs.get("device")]
         return any((isinstance(t, str) and t.startswith("cpu")) or getattr(t, "type", None) == "cpu" for t in targets)
     return False
@@ -60,8 +66,10 @@ class HostReads(TorchFunctionMode):
         self.counting = False
         self.depth = 0  # hooks running (an AROUND hook's upstream call may run another hook)
         self.hook = ""
-        self.by_hook: dict[str, int] = {}
+        self.by_hook: dict[str, dict[str, int]] = {}  # hook -> torch function -> reads
         self.step = 0  # reads in the current step
+        self.step_reads: dict[str, int] = {}  # the current step's reads by "hook.function"
+        self.quiet_reads: dict[str, int] = {}  # reads made in quiet steps, by "hook.function" (what to remove)
         self.steps = 0
         self.quiet_steps = 0
         self.quiet_max = 0
@@ -72,8 +80,13 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.counting and is_host_read(func, args, kwargs):
-            self.step += 1
-            self.by_hook[self.hook] = self.by_hook.get(self.hook, 0) + 1
+            per_hook = self.by_hook.setdefault(self.hook, {})
+            name = getattr(func, "__name__", "?")
+            per_hook[name] = per_hook.get(name, 0) + 1
+            if self.hook not in REPORTING:
+                self.step += 1
+                where = f"{self.hook}.{name}"
+                self.step_reads[where] = self.step_reads.get(where, 0) + 1
         return func(*args, **kwargs)
 
     def counted(self, kind: str, fn: Callable) -> Callable:
@@ -125,9 +138,12 @@ class HostReads(TorchFunctionMode):
         if quiet:
             self.quiet_steps += 1
             self.quiet_max = max(self.quiet_max, self.step)
+            for where, n in self.step_reads.items():
+                self.quiet_reads[where] = self.quiet_reads.get(where, 0) + n
         else:
             self.busy_max = max(self.busy_max, self.step)
         self.step = 0
+        self.step_reads = {}
 
     def metrics(self) -> dict:
         if not ENABLED:
@@ -138,18 +154,34 @@ class HostReads(TorchFunctionMode):
             "host_reads_quiet_max": self.quiet_max,
             "host_reads_busy_max": self.busy_max,
             "host_reads_per_step": round(self.total / max(self.steps, 1), 3),
+            "host_reads_quiet_where": dict(self.quiet_reads),
         }
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Reads that are not the step's own: host work on host arrays, and debug checks that exist only to be run
+    with a check switch on (``VTOKEN_SGLANG_CHECK_POSITIONS``)."""
+    prev, HOST_READS.counting = HOST_READS.counting, False
+    try:
+        yield
+    finally:
+        HOST_READS.counting = prev
 
 
 def host_array(t: torch.Tensor) -> np.ndarray:
     """The values of a tensor SGLang keeps on the host by contract (``*_cpu``), as a NumPy view: not a device read,
     so not counted."""
     assert t.device.type == "cpu", "host_array of a device tensor"
-    prev, HOST_READS.counting = HOST_READS.counting, False
-    try:
+    with uncounted():
         return t.numpy()
-    finally:
-        HOST_READS.counting = prev
+
+
+def on_host(fn: Callable, *arrays: np.ndarray) -> np.ndarray:
+    """``fn``, a function of tensors, applied to host arrays (as CPU tensors) and its result as an array: host
+    work, not counted. How the host mirrors use a rule written once for tensors (a policy's budget)."""
+    with uncounted():
+        return fn(*(torch.from_numpy(a) for a in arrays)).numpy()
 
 
 HOST_READS = HostReads()

@@ -1,7 +1,8 @@
 """``IntegrityWatch``: the core's full integrity check (I1-I4 and page accounting against SGLang's allocator) in
 the running server, with ``VTOKEN_SGLANG_CHECK_INTEGRITY=1``: after every ``VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY``-th
 trimming round (default 8) and whenever the scheduler goes fully idle after work. At idle it also requires that
-no request is managed any more and that vToken tracks no page but relocation sources awaiting release. A
+no request is managed any more and that vToken tracks no page but relocation sources awaiting release. Each check
+also compares ``RequestRows``' host mirrors (managed rows, offsets, tail positions) with the device state. A
 violation is logged and raised (``IntegrityError``): the scheduler stops, loudly. Off: nothing runs."""
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
+import torch
+
 from vtoken_sglang.core.integrity import IntegrityError, check_integrity
 from vtoken_sglang.core.reclaimer import Reclaimer
+from vtoken_sglang.integration.request_rows import RequestRows
 from vtoken_sglang.integration.stats import RuntimeStats
 
 logger = logging.getLogger("vtoken_sglang")
@@ -20,8 +25,16 @@ EVERY = int(os.environ.get("VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY", "8"))
 
 
 class IntegrityWatch:
-    def __init__(self, reclaimer: Reclaimer, stats: RuntimeStats, enabled: bool = ENABLED, every: int = EVERY):
+    def __init__(
+        self,
+        reclaimer: Reclaimer,
+        rows: RequestRows,
+        stats: RuntimeStats,
+        enabled: bool = ENABLED,
+        every: int = EVERY,
+    ):
         self.reclaimer = reclaimer
+        self.rows = rows
         self.table = reclaimer.table
         self.stats = stats
         self.enabled = enabled
@@ -52,7 +65,21 @@ class IntegrityWatch:
             check_integrity(self.table)
         except IntegrityError as err:
             self._require(False, where, str(err))
+        self._check_mirrors(where)
         self.stats.integrity_checks += 1
+
+    def _check_mirrors(self, where: str) -> None:
+        t, rows = self.table, self.rows
+        active = t.active.cpu().numpy()
+        self._require(bool((active == rows.host_active).all()), where, "the host mirror of managed rows is stale")
+        idx = np.flatnonzero(active & (t.live_len.cpu().numpy() > 0))
+        if len(idx) == 0:
+            return
+        r = torch.from_numpy(idx).to(t.slots.device)
+        last = (t.slots[r, t.live_len[r] - 1].to(torch.int64) % t.page_size).cpu().numpy()
+        offset = (t.logical_len[r] - t.live_len[r]).cpu().numpy()
+        self._require(bool((last == rows.host_tail_pos[idx]).all()), where, "a host tail position is stale")
+        self._require(bool((offset == rows.host_offset[idx]).all()), where, "a host position offset is stale")
 
     def _require(self, ok: bool, where: str, what: str) -> None:
         if not ok:

@@ -71,6 +71,11 @@ def from_cli_args(original, cls, args: argparse.Namespace, *rest, **kwargs):
         cfg = config_from_user(raw, cli_display)
     except ConfigError as err:
         exit_with_error(err)
+    if cfg.enabled:  # refuse before SGLang resolves (and logs about) a combination vToken cannot serve
+        try:
+            check_sglang_args(argparse.Namespace(**vars(args)), cfg, cli_display, log=False)
+        except ConfigError as err:
+            exit_with_error(err)
     server_args = original(cls, args, *rest, **kwargs)
     try:
         attach(server_args, cfg, cli_display)
@@ -123,6 +128,7 @@ _CHECKED_FIELDS = {
     "disable_cuda_graph": False,
     "enable_mixed_chunk": False,
     "enable_dp_attention": False,
+    "attn_dp_size": None,
     "disable_radix_cache": False,
 }
 
@@ -203,10 +209,11 @@ def _sglang_display(display, name: str) -> str:
     return name if display is kwarg_display else "--" + name.replace("_", "-")
 
 
-def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
+def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = True) -> None:
     """Reject what vToken does not support yet, naming the SGLang flag; default ``page_size`` to 16.
 
-    Runs on the unresolved record (CLI: inside ``from_cli_args``; Engine: before ``resolve_once``)."""
+    Runs on the unresolved record (CLI: on a copy of the parsed flags before SGLang builds its record, then inside
+    ``from_cli_args`` on it; Engine: before ``resolve_once``). ``log``: say what it changes."""
     flag = lambda name: _sglang_display(display, name)  # noqa: E731
     page_size = server_args.page_size
     if page_size is None:
@@ -251,21 +258,24 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display) -> None:
     # scheduler the next forward runs first and replaces them. Other policies run with overlap on or off.
     if cfg.vtoken_policy in SCORE_POLICIES and not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
-        logger.info(
-            "vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
-            "the next forward)",
-            display("vtoken_policy"),
-            cfg.vtoken_policy,
-        )
+        if log:
+            logger.info(
+                "vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
+                "the next forward)",
+                display("vtoken_policy"),
+                cfg.vtoken_policy,
+            )
     if getattr(server_args, "enable_mixed_chunk", False):
         raise ConfigError(
             f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
             "in an extend batch get positions from their live length, not their logical one)"
         )
-    if getattr(server_args, "enable_dp_attention", False):
+    attn_dp = getattr(server_args, "attn_dp_size", None) or 1
+    if attn_dp > 1 or getattr(server_args, "enable_dp_attention", False):
+        given = f"{flag('attn_dp_size')} {attn_dp}" if attn_dp > 1 else flag("enable_dp_attention")
         raise ConfigError(
-            f"{flag('enable_dp_attention')}: DP attention is not supported with vToken (it runs decode batches as "
-            "extend batches, whose positions come from live lengths, not logical ones); use --dp-size without it"
+            f"{given}: DP attention is not supported with vToken (it runs decode batches as extend batches, whose "
+            "positions come from live lengths, not logical ones); use --dp-size without it"
         )
     if (
         cfg.vtoken_policy in DECODE_SCORE_POLICIES

@@ -80,6 +80,10 @@ def get_internal_state(result, scheduler, *args, **kwargs):
         result.internal_state["vtoken"] = {
             **rt.metrics(),
             "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()},
-            **({"host_reads_by_hook": dict(HOST_READS.by_hook)} if host_reads.ENABLED else {}),
+            **(
+                {"host_reads_by_hook": {k: dict(v) for k, v in HOST_READS.by_hook.items()}}
+                if host_reads.ENABLED
+                else {}
+            ),
         }
     return result

@@ -11,6 +11,12 @@ tree). From then on:
 - its private pages are tracked in the ``SglangPagePool`` (owner = row, live counts);
 - its decode positions are ``seq_len - 1 + offset[row]`` (``offset`` = logical_len - live_len), its next slot
   follows the tail-page rule, and its pages are released here (SGLang's segment free assumes dense rows).
+
+Host mirrors (NumPy, per row) let the per-step hooks decide without reading a device tensor (a stall between
+forwards on a GPU): ``host_active`` (managed), ``host_offset`` (``offset``) and ``host_tail_pos`` (the in-page
+position of the row's last slot: the newest token is never evicted, and its page, the tail page, is never
+relocated, so it changes only when a decode token is appended: ``(pos + 1) % page_size``, a new page at 0).
+The integrity check in the server compares them with the device state.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import zlib
 import numpy as np
 import torch
 
+from vtoken_sglang.core.pages import tail_room
 from vtoken_sglang.core.token_table import TokenTable
+from vtoken_sglang.integration.host_reads import host_array
 from vtoken_sglang.integration.page_bridge import SglangPagePool
 
 
@@ -36,12 +44,24 @@ class RequestRows:
         self.pool = pool
         self.req_to_token = table.slots
         self.page_size = pool.page_size
-        self.offset = torch.zeros(table.slots.shape[0], dtype=torch.int64, device=table.slots.device)
+        n = table.slots.shape[0]
+        self.offset = torch.zeros(n, dtype=torch.int64, device=table.slots.device)
+        self.host_active = np.zeros(n, dtype=bool)
+        self.host_offset = np.zeros(n, dtype=np.int64)
+        self.host_tail_pos = np.zeros(n, dtype=np.int64)
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
 
     def is_managed(self, row: int) -> bool:
-        return self.n_managed > 0 and bool(self.table.active[row])
+        return self.n_managed > 0 and bool(self.host_active[row])
+
+    def needs_page(self, rows: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+        """Whether each row's next decode token starts a new page (the tail-page rule, on the host mirrors).
+        ``seq_lens``: the rows' lengths before that token; an unmanaged row is dense (its last slot's in-page
+        position is ``(seq_len - 1) % page_size``)."""
+        P = self.page_size
+        pos = np.where(self.host_active[rows], self.host_tail_pos[rows], (seq_lens - 1) % P)
+        return tail_room(pos, P) == 0
 
     def manage(self, reqs: list) -> None:
         """Start tracking requests whose rows are still dense (upstream's)."""
@@ -56,6 +76,11 @@ class RequestRows:
         self.table.sync_new_tokens(rows, lens - protected, claim_pages=True)
         for r in reqs:
             r.skip_radix_cache_insert = True
+        host_rows = np.fromiter((r.kv.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
+        host_lens = np.fromiter((r.kv.kv_committed_len for r in reqs), dtype=np.int64, count=len(reqs))
+        self.host_active[host_rows] = True
+        self.host_offset[host_rows] = 0
+        self.host_tail_pos[host_rows] = (host_lens - 1) % self.page_size  # a dense row's last slot
         self.requests_managed += len(reqs)
         self.n_managed += len(reqs)
 
@@ -68,6 +93,8 @@ class RequestRows:
         pages = self.table.close_row(row)
         self.n_managed -= 1
         self.offset[row] = 0
+        self.host_active[row] = False
+        self.host_offset[row] = 0
         keep = req.kv.cache_protected_len
         if keep == 0 and pages.numel():
             handed, pages = pages[:1], pages[1:]
@@ -81,28 +108,37 @@ class RequestRows:
         """``prepare_for_decode`` wrote one new slot per request at column ``seq_len``: register it."""
         if self.n_managed == 0:
             return
-        rows = batch.req_pool_indices.to(torch.int64)
-        managed = self.table.active[rows]
+        host_rows = host_array(batch.req_pool_indices_cpu)
+        managed = self.host_active[host_rows]
         n = int(managed.sum())
-        if n:  # with eviction on, usually every row: no boolean indexing then
-            self.table.sync_decode_tokens(rows if n == rows.numel() else rows[managed])
+        if n == 0:
+            return
+        mine = host_rows if n == len(host_rows) else host_rows[managed]  # with eviction on, usually every row
+        self.host_tail_pos[mine] = (self.host_tail_pos[mine] + 1) % self.page_size
+        rows = batch.req_pool_indices if n == len(host_rows) else torch.from_numpy(mine).to(self.req_to_token.device)
+        self.table.sync_decode_tokens(rows.to(torch.int64))
 
     def write_lengths(self, batch) -> None:
         """Write the Token Table's live lengths into the batch and its requests (the rows already hold the live
         slots), and each managed row's position offset."""
+        host_rows = host_array(batch.req_pool_indices_cpu)
+        host_managed = self.host_active[host_rows]
+        if not host_managed.any():
+            return
         rows = batch.req_pool_indices.to(torch.int64)
         managed = self.table.active[rows]
-        if not bool(managed.any()):
-            return
         table_live = self.table.live_len[rows]
         live = torch.where(managed, table_live, batch.seq_lens.to(torch.int64))
+        offset = torch.where(managed, self.table.logical_len[rows] - table_live, self.offset[rows])
         # rows are distinct; torch.where, not boolean indexing (a parallel region per call on shared cores)
-        self.offset[rows] = torch.where(managed, self.table.logical_len[rows] - table_live, self.offset[rows])
+        self.offset[rows] = offset
         batch.seq_lens = live.to(batch.seq_lens.dtype)
-        batch.seq_lens_cpu = live.cpu().to(batch.seq_lens_cpu.dtype)
         batch.orig_seq_lens = live.to(batch.orig_seq_lens.dtype)
         batch.seq_lens_sum = None
-        for req, n, m in zip(batch.reqs, live.tolist(), managed.tolist()):
+        host = torch.stack([live, offset]).cpu().numpy()  # the one read of the step: lengths the host needs
+        batch.seq_lens_cpu = torch.from_numpy(host[0].copy()).to(batch.seq_lens_cpu.dtype)
+        self.host_offset[host_rows] = host[1]
+        for req, n, m in zip(batch.reqs, host[0].tolist(), host_managed.tolist()):
             if m:
                 req.kv.kv_committed_len = req.kv.kv_allocated_len = n
 

@@ -127,7 +127,7 @@ class VTokenRuntime:
                 prefill_window=cfg.vtoken_window if snapkv else 0,
             )
             self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, dump=score_dump)
-        self.integrity = IntegrityWatch(self.reclaimer, self.stats)
+        self.integrity = IntegrityWatch(self.reclaimer, self.rows, self.stats)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
         self.logged_rounds = 0  # stats.rounds at the last idle log line
 

@@ -82,7 +82,7 @@ HOOKS = {
         alloc_hooks.alloc_decode,
     ),
     f"{_BATCH}.new_tokens_required_next_decode": ("AROUND", alloc_hooks.new_tokens_required_next_decode),
-    f"{_BATCH}.prepare_for_decode": ("AFTER", alloc_hooks.prepare_for_decode),
+    f"{_BATCH}.prepare_for_decode": ("AROUND", alloc_hooks.prepare_for_decode),
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", alloc_hooks.forward_batch_init_new),
     f"{_SCHED}.get_next_batch_to_run": ("BEFORE", get_next_batch_to_run),
     f"{_SCHED}.process_batch_result": ("AFTER", process_batch_result),
