@@ -169,20 +169,13 @@ class SglangServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode} during start-up; log tail:\n{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"server not healthy after {self.startup_timeout:.0f} s; log tail:\n{self.log_tail()}")
+        _wait_until_ready(
+            self.proc,
+            self.url + "/health",
+            lambda r: r.status == 200,
+            self.startup_timeout,
+            lambda: f"server (exit status {self.proc.returncode}); log tail:\n{self.log_tail()}",
+        )
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
@@ -268,18 +261,14 @@ class SglangRouter:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/readiness", timeout=5) as r:
-                    if json.loads(r.read()).get("healthy_workers") == len(self.worker_urls):
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"router not ready after {self.startup_timeout:.0f} s; log: {self.log_path}")
+        n = len(self.worker_urls)
+        _wait_until_ready(
+            self.proc,
+            self.url + "/readiness",
+            lambda r: json.loads(r.read()).get("healthy_workers") == n,
+            self.startup_timeout,
+            lambda: f"router (exit status {self.proc.returncode}); log: {self.log_path}",
+        )
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -289,6 +278,23 @@ class SglangRouter:
             except subprocess.TimeoutExpired:
                 _signal_group(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+
+
+def _wait_until_ready(proc: subprocess.Popen, url: str, ready, timeout: float, what) -> None:
+    """Poll ``url`` until ``ready(response)``; fail early if ``proc`` exits. ``what()``: the process and its log,
+    for the error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what()} exited during start-up")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if ready(r):
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{what()} not ready after {timeout:.0f} s")
 
 
 def _signal_group(pid: int, sig: int) -> None:
