@@ -50,6 +50,16 @@ def run_all(
     return results
 
 
+def on_servers(servers: list, fn) -> list:
+    """Start ``servers`` together, then run ``fn(server)`` on each in turn, and stop them; the results in order.
+    Start-ups overlap (part of a CPU server's start is not CPU-bound); loads do not (two CPU-bound loads on these
+    two cores take longer together than one after the other)."""
+    from vtoken_sglang.serving import started_together
+
+    with started_together(*servers):
+        return [fn(s) for s in servers]
+
+
 PY = sys.executable
 # Server environment of the correctness tests: SGLang's idle memory check is strict, and every decode batch's
 # positions are checked against SGLang's own request bookkeeping.

@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import re
 
 import pytest
+from conftest import on_servers
 
 from vtoken_sglang.serving import SglangServer, default_server_args
 
@@ -30,21 +31,17 @@ FLAGS = [
 PROMPTS = [[(7 * i + 13 * j) % 1999 + 1 for j in range(64)] for i in range(12)]
 
 
-def run(tiny_model: str, reclaim: str) -> dict:
-    with SglangServer(
-        tiny_model, default_server_args(max_total_tokens=2048) + FLAGS + ["--vtoken-reclaim", reclaim]
-    ) as s:
+def run(s: SglangServer) -> dict:
+    def one(ids):
+        return s.post(
+            "/generate",
+            {"input_ids": ids, "sampling_params": {"max_new_tokens": 448, "temperature": 0.0, "ignore_eos": True}},
+            timeout=900,
+        )
 
-        def one(ids):
-            return s.post(
-                "/generate",
-                {"input_ids": ids, "sampling_params": {"max_new_tokens": 448, "temperature": 0.0, "ignore_eos": True}},
-                timeout=900,
-            )
-
-        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            outs = list(pool.map(one, PROMPTS))
-        running = [int(n) for n in re.findall(r"#running-req: (\d+)", s.log_text())]
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        outs = list(pool.map(one, PROMPTS))
+    running = [int(n) for n in re.findall(r"#running-req: (\d+)", s.log_text())]
     return {
         "ids": [o["output_ids"] for o in outs],
         "max_running": max(running, default=0),
@@ -54,7 +51,10 @@ def run(tiny_model: str, reclaim: str) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model):
-    return {reclaim: run(tiny_model, reclaim) for reclaim in ("on", "off")}
+    modes = ("on", "off")
+    flags = default_server_args(max_total_tokens=2048) + FLAGS
+    servers = [SglangServer(tiny_model, flags + ["--vtoken-reclaim", reclaim]) for reclaim in modes]
+    return dict(zip(modes, on_servers(servers, run)))
 
 
 def test_ignore_eos_admission_uses_eviction_budgets_with_the_radix_cache_off(runs):

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from conftest import PY, REPO, STRICT, prometheus_values, run_all
+from conftest import PY, REPO, STRICT, on_servers, prometheus_values, run_all
 
 from vtoken_sglang.serving import SglangServer, bench_serving_command, default_server_args, random_ids_load
 
@@ -34,43 +34,55 @@ CROWD = [("Reply in one word. Be terse. " * 8) + f"Case {i}." for i in range(8)]
 
 @pytest.fixture(scope="module")
 def cow_runs(tiny_model, tmp_path_factory):
+    modes = ("on", "off")
+    servers = [
+        SglangServer(
+            tiny_model,
+            default_server_args() + FLAGS + ["--vtoken-cow", cow, "--enable-metrics", "--decode-log-interval", "10"],
+            log_path=tmp_path_factory.mktemp(f"cow_{cow}") / "server.log",
+            env=STRICT,
+        )
+        for cow in modes
+    ]
     results = {}
-    for cow in ("on", "off"):
-        log = tmp_path_factory.mktemp(f"cow_{cow}") / "server.log"
-        flags = default_server_args() + FLAGS + ["--vtoken-cow", cow, "--enable-metrics", "--decode-log-interval", "10"]
-        with SglangServer(tiny_model, flags, log_path=log, env=STRICT) as s:
-            info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
-            shared = [o["output_ids"] for o in s.generate(SHARED, 120, ignore_eos=True)]
-            after_shared = info()
-            crowd = [o["output_ids"] for o in s.generate(CROWD, 120, ignore_eos=True)]
-            after_crowd = info()
-            # a later request over the shared prompt, read from the tree's (never rewritten) pages
-            probe = s.post(
-                "/generate",
-                {
-                    "text": SHARED[2],
-                    "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-                    "return_logprob": True,
-                    "top_logprobs_num": 5,
-                },
-            )["meta_info"]
-            fork, gsp = run_programs(s, tiny_model, tmp_path_factory.mktemp(f"gsp_{cow}") / "gsp.jsonl")
-            time.sleep(2)  # idle: SGLang's strict memory check runs
-            results[cow] = {
-                "shared": shared,
-                "crowd": crowd,
-                "after_shared": after_shared,
-                "after_crowd": after_crowd,
-                "probe": (meta_top(probe), probe["cached_tokens"]),
-                "fork": fork,
-                "gsp": gsp,
-                "idle": info(),
-            }
-            if cow == "on":  # one more load, on this server only: bench_serving and the shared-document program
-                results["bench"] = run_bench_and_qa(s, tiny_model, tmp_path_factory.mktemp("bench") / "bench.jsonl")
-                time.sleep(2)
-                results["bench"].update(state=info(), metrics=prometheus_values(s.get_text("/metrics")))
-            results[cow].update(log=s.log_text(), healthy=s.proc.poll() is None)
+
+    def run(s: SglangServer) -> dict:
+        cow = modes[servers.index(s)]
+        info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
+        shared = [o["output_ids"] for o in s.generate(SHARED, 120, ignore_eos=True)]
+        after_shared = info()
+        crowd = [o["output_ids"] for o in s.generate(CROWD, 120, ignore_eos=True)]
+        after_crowd = info()
+        # a later request over the shared prompt, read from the tree's (never rewritten) pages
+        probe = s.post(
+            "/generate",
+            {
+                "text": SHARED[2],
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True,
+                "top_logprobs_num": 5,
+            },
+        )["meta_info"]
+        fork, gsp = run_programs(s, tiny_model, tmp_path_factory.mktemp(f"gsp_{cow}") / "gsp.jsonl")
+        time.sleep(2)  # idle: SGLang's strict memory check runs
+        out = {
+            "shared": shared,
+            "crowd": crowd,
+            "after_shared": after_shared,
+            "after_crowd": after_crowd,
+            "probe": (meta_top(probe), probe["cached_tokens"]),
+            "fork": fork,
+            "gsp": gsp,
+            "idle": info(),
+        }
+        if cow == "on":  # one more load, on this server only: bench_serving and the shared-document program
+            results["bench"] = run_bench_and_qa(s, tiny_model, tmp_path_factory.mktemp("bench") / "bench.jsonl")
+            time.sleep(2)
+            results["bench"].update(state=info(), metrics=prometheus_values(s.get_text("/metrics")))
+        out.update(log=s.log_text(), healthy=s.proc.poll() is None)
+        return out
+
+    results.update(zip(modes, on_servers(servers, run)))
     return results
 
 

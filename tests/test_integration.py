@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from conftest import INSTANT_FENCES, STRICT
+from conftest import INSTANT_FENCES, STRICT, on_servers
 
 from vtoken_sglang.serving import SglangServer, default_server_args
 
@@ -35,42 +35,52 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
     """Run the same concurrent load on a Naive-Evict server, a vToken server, the same without SGLang's overlap
     scheduler (the others run with it, SGLang's default), and a vToken server whose plans come from the compaction
     worker, killed (-9) in the middle of the load, and ``vtoken`` again with copies whose fences report done late,
-    as CUDA events may (``late``; one server at a time)."""
-    results = {}
+    as CUDA events may (``late``). The servers start together; their loads run one at a time."""
     counted = {"VTOKEN_SGLANG_COUNT_HOST_READS": "1"}
     instant = {**STRICT, **INSTANT_FENCES}
     late = {**STRICT, **counted, "VTOKEN_SGLANG_FENCE_DELAY": "4", "VTOKEN_SGLANG_FENCE_SEED": "7"}
     env_of = {"late": late, "serial": {**instant, **counted}}
-    for mode, extra in (
-        ("naive", ["--vtoken-reclaim", "off"]),
-        ("vtoken", ["--vtoken-reclaim", "on"]),
-        ("serial", ["--vtoken-reclaim", "on", "--disable-overlap-schedule"]),
-        ("worker", ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"]),
-        ("late", ["--vtoken-reclaim", "on"]),
-    ):
-        log = tmp_path_factory.mktemp(mode) / "server.log"
-        env = env_of.get(mode, instant)
-        with SglangServer(tiny_model, default_server_args() + EVICT + extra, log_path=log, env=env) as s:
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                load = pool.submit(s.generate, PROMPTS, 160, ignore_eos=True)
-                killed = kill_worker_once_it_planned(s, load) if mode == "worker" else None
-                out = load.result()
-            one = s.generate(PROMPTS[3], 160, ignore_eos=True)
-            reuse = prefix_reuse_probe(s)
-            if mode == "worker":
-                wait_until_worker_is_back(s)
-            time.sleep(2)  # idle: SGLang runs its memory check
-            state = s.get("/get_server_info")["internal_states"][0]
-            results[mode] = {
-                "ids": [o["output_ids"] for o in out],
-                "one": one["output_ids"],
-                "vtoken": state["vtoken"],
-                "reuse": reuse,
-                "log": s.log_text(),
-                "healthy": s.proc.poll() is None,
-                "killed": killed,
-            }
-    return results
+    modes = {
+        "naive": ["--vtoken-reclaim", "off"],
+        "vtoken": ["--vtoken-reclaim", "on"],
+        "serial": ["--vtoken-reclaim", "on", "--disable-overlap-schedule"],
+        "worker": ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"],
+        "late": ["--vtoken-reclaim", "on"],
+    }
+    servers = {
+        mode: SglangServer(
+            tiny_model,
+            default_server_args() + EVICT + extra,
+            log_path=tmp_path_factory.mktemp(mode) / "server.log",
+            env=env_of.get(mode, instant),
+        )
+        for mode, extra in modes.items()
+    }
+    mode_of = {id(s): mode for mode, s in servers.items()}
+
+    def run(s: SglangServer) -> dict:
+        mode = mode_of[id(s)]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            load = pool.submit(s.generate, PROMPTS, 160, ignore_eos=True)
+            killed = kill_worker_once_it_planned(s, load) if mode == "worker" else None
+            out = load.result()
+        one = s.generate(PROMPTS[3], 160, ignore_eos=True)
+        reuse = prefix_reuse_probe(s)
+        if mode == "worker":
+            wait_until_worker_is_back(s)
+        time.sleep(2)  # idle: SGLang runs its memory check
+        state = s.get("/get_server_info")["internal_states"][0]
+        return {
+            "ids": [o["output_ids"] for o in out],
+            "one": one["output_ids"],
+            "vtoken": state["vtoken"],
+            "reuse": reuse,
+            "log": s.log_text(),
+            "healthy": s.proc.poll() is None,
+            "killed": killed,
+        }
+
+    return dict(zip(servers, on_servers(list(servers.values()), run)))
 
 
 def wait_until_worker_is_back(server: SglangServer, timeout: float = 120) -> None:

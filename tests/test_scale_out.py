@@ -12,12 +12,12 @@ import urllib.request
 import pytest
 from conftest import STRICT
 
-from vtoken_sglang.serving import SglangRouter, SglangServer, default_server_args
+from vtoken_sglang.serving import SglangRouter, SglangServer, default_server_args, started_together
 
 pytestmark = pytest.mark.server
 
 EVICT = ["--enable-vtoken", "--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "8"]
-NEW_TOKENS = 120
+NEW_TOKENS = 80
 
 
 def load(n: int, seed: int = 0) -> list[list[int]]:
@@ -77,7 +77,10 @@ def test_router_over_two_vtoken_servers(tiny_model, tmp_path):
     router answers ``/health`` before it has registered its workers; a load sent then gets ``503
     no_available_workers``. ``SglangRouter`` waits until ``/readiness`` reports both workers healthy.)"""
     flags = default_server_args(max_total_tokens=4096) + EVICT
-    with SglangServer(tiny_model, flags, env=STRICT) as a, SglangServer(tiny_model, flags, env=STRICT) as b:
+    with started_together(SglangServer(tiny_model, flags, env=STRICT), SglangServer(tiny_model, flags, env=STRICT)) as (
+        a,
+        b,
+    ):
         with SglangRouter([a.url, b.url], log_path=tmp_path / "router.log") as router:
             outs = generate_all(router.url, load(32, seed=1))
         refused = [o for o in outs if "error" in o]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import STRICT
+from conftest import STRICT, on_servers
 
 from vtoken_sglang.scoring import decode_scores_headsum
 
@@ -171,48 +171,45 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
     from vtoken_sglang.serving import SglangServer, default_server_args
 
     prompt = list(range(100, 177))
-    runs, dumps = {}, {}
-    for policy in SCORE_POLICIES:
-        for reclaim in ("off", "on"):
-            flags = default_server_args() + [
-                "--enable-vtoken",
-                "--vtoken-policy",
-                policy,
-                "--vtoken-budget",
-                "96",
-                "--vtoken-recent",
-                "8",
-                "--vtoken-reclaim",
-                reclaim,
-            ]
-            if policy == "snapkv":
-                flags += ["--vtoken-window", "8"]  # radix cache on: its prompt pages go by copy-on-write
-            dump = tmp_path / f"{policy}-{reclaim}.pt"
-            first = reclaim == "off" and policy in ("tova", "snapkv")
-            env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump)} if first else STRICT
-            with SglangServer(tiny_model, flags, env=env) as s:
-                if first:  # 77 + 6 tokens < 96 + slack: scores over the full sequence, no eviction
-                    s.post(
-                        "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}
-                    )
-                    deadline, steps = time.monotonic() + 30, []  # the server writes the dump when it goes idle
-                    while not (steps and steps[0][0][: len(prompt)] == prompt) and time.monotonic() < deadline:
-                        time.sleep(0.5)
-                        steps = torch.load(dump) if dump.exists() else []
-                    dumps[policy] = steps
-                out = s.post(
-                    "/generate",
-                    {
-                        "input_ids": PROMPT_IDS,
-                        "sampling_params": {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True},
-                    },
-                )
-                time.sleep(2)
-                runs[policy, reclaim] = (
-                    [o["output_ids"] for o in out],
-                    s.get("/get_server_info")["internal_states"][0]["vtoken"],
-                    s.log_text(),
-                )
+    configs = [(policy, reclaim) for policy in SCORE_POLICIES for reclaim in ("off", "on")]
+    servers, dump_of = [], {}
+    for policy, reclaim in configs:
+        flags = default_server_args() + [
+            "--enable-vtoken",
+            "--vtoken-policy",
+            policy,
+            "--vtoken-budget",
+            "96",
+            "--vtoken-recent",
+            "8",
+            "--vtoken-reclaim",
+            reclaim,
+        ]
+        if policy == "snapkv":
+            flags += ["--vtoken-window", "8"]  # radix cache on: its prompt pages go by copy-on-write
+        env = STRICT
+        if reclaim == "off" and policy in ("tova", "snapkv"):
+            dump_of[policy] = tmp_path / f"{policy}-{reclaim}.pt"
+            env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump_of[policy])}
+        servers.append(SglangServer(tiny_model, flags, env=env))
+    dumps = {}
+
+    def run(s: SglangServer) -> tuple:
+        policy, reclaim = configs[servers.index(s)]
+        if reclaim == "off" and policy in dump_of:  # 77 + 6 tokens < 96 + slack: scores over the full sequence
+            dump = dump_of[policy]
+            s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
+            deadline, steps = time.monotonic() + 30, []  # the server writes the dump when it goes idle
+            while not (steps and steps[0][0][: len(prompt)] == prompt) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                steps = torch.load(dump) if dump.exists() else []
+            dumps[policy] = steps
+        sampling = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
+        out = s.post("/generate", {"input_ids": PROMPT_IDS, "sampling_params": sampling})
+        time.sleep(2)
+        return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
+
+    runs = dict(zip(configs, on_servers(servers[:3], run) + on_servers(servers[3:], run)))  # 3 at a time: memory
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
     assert [len(seen) for seen, _ in dumps["tova"]] == [78, 79, 80, 81]

@@ -7,7 +7,13 @@ import json
 import pytest
 from conftest import PY, REPO, run_all
 
-from vtoken_sglang.serving import SglangServer, bench_serving_command, default_server_args, random_ids_load
+from vtoken_sglang.serving import (
+    SglangServer,
+    bench_serving_command,
+    default_server_args,
+    random_ids_load,
+    started_together,
+)
 
 pytestmark = pytest.mark.server
 
@@ -15,18 +21,28 @@ PROMPTS = ["The page table", "def evict(cache, budget):", "Memory is the scarce 
 
 
 @pytest.fixture(scope="module")
-def vtoken_server(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vtoken") / "server.log"
-    # No --page-size: vToken's default (16) applies.
-    with SglangServer(tiny_model, default_server_args(page_size=None) + ["--enable-vtoken"], log_path=log) as server:
-        yield server
+def servers(tiny_model, tmp_path_factory):
+    """A vToken server (no --page-size: vToken's default, 16, applies) and a plain one, started together."""
+    vtoken = SglangServer(
+        tiny_model,
+        default_server_args(page_size=None) + ["--enable-vtoken"],
+        log_path=tmp_path_factory.mktemp("vtoken") / "server.log",
+    )
+    plain = SglangServer(
+        tiny_model, default_server_args(page_size=16), log_path=tmp_path_factory.mktemp("plain") / "server.log"
+    )
+    with started_together(vtoken, plain):
+        yield vtoken, plain
 
 
 @pytest.fixture(scope="module")
-def plain_server(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("plain") / "server.log"
-    with SglangServer(tiny_model, default_server_args(page_size=16), log_path=log) as server:
-        yield server
+def vtoken_server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def plain_server(servers):
+    return servers[1]
 
 
 def _ids(server, prompts, n=24):

@@ -13,6 +13,7 @@ import re
 import time
 
 import pytest
+from conftest import on_servers
 
 from vtoken_sglang.serving import SglangServer, default_server_args
 
@@ -24,7 +25,7 @@ LATE = {"VTOKEN_SGLANG_FENCE_DELAY": "4", "VTOKEN_SGLANG_FENCE_SEED": "11"}  # t
 AGREE = ("digest_victims", "digest_plans", "digest_accounting", "tokens_evicted", "pages_reclaimed", "tokens_moved")
 
 
-def run_tp2(tiny_model, policy: str, reclaim: str, planner: str = "inline") -> tuple[list, dict[int, dict]]:
+def tp2_server(tiny_model, policy: str, reclaim: str, planner: str = "inline") -> SglangServer:
     flags = default_server_args(max_total_tokens=8192) + [
         "--tp",
         "2",
@@ -41,15 +42,19 @@ def run_tp2(tiny_model, policy: str, reclaim: str, planner: str = "inline") -> t
         planner,
     ]
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", **(LATE if reclaim == "on" else {})}
-    with SglangServer(tiny_model, flags, env=env) as s:
-        ids = [o["output_ids"] for o in s.generate(PROMPTS, 100, ignore_eos=True)]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            ranks = {int(m.group(1)): ast.literal_eval(m.group(2)) for m in IDLE.finditer(s.log_text())}
-            if len(ranks) == 2 and all(r["live_tokens"] == 0 for r in ranks.values()):
-                break
-            time.sleep(1)
-        assert s.proc.poll() is None, s.log_tail()  # alive after SGLang's strict idle leak check
+    return SglangServer(tiny_model, flags, env=env)
+
+
+def run_load(s: SglangServer) -> tuple[list, dict[int, dict]]:
+    """The prompts' greedy tokens, then each rank's idle state once both ranks hold no live token."""
+    ids = [o["output_ids"] for o in s.generate(PROMPTS, 100, ignore_eos=True)]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ranks = {int(m.group(1)): ast.literal_eval(m.group(2)) for m in IDLE.finditer(s.log_text())}
+        if len(ranks) == 2 and all(r["live_tokens"] == 0 for r in ranks.values()):
+            break
+        time.sleep(1)
+    assert s.proc.poll() is None, s.log_tail()  # alive after SGLang's strict idle leak check
     return ids, ranks
 
 
@@ -58,9 +63,12 @@ def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy):
     """Naive-Evict, vToken with the inline planner (each rank plans from its own, identical state) and vToken with
     the compaction worker (one, on rank 0; every rank applies what rank 0 broadcasts), the last two with late
     fences seeded differently on each rank."""
-    off_ids, off = run_tp2(tiny_model, policy, "off")
-    inline_ids, inline = run_tp2(tiny_model, policy, "on", "inline")
-    worker_ids, worker = run_tp2(tiny_model, policy, "on", "worker")
+    servers = [
+        tp2_server(tiny_model, policy, "off"),
+        tp2_server(tiny_model, policy, "on", "inline"),
+        tp2_server(tiny_model, policy, "on", "worker"),
+    ]
+    (off_ids, off), (inline_ids, inline), (worker_ids, worker) = on_servers(servers, run_load)
     for ranks in (off, inline, worker):
         assert set(ranks) == {0, 1}
         assert ranks[0]["tokens_evicted"] > 0

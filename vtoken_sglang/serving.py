@@ -7,6 +7,7 @@ sends SIGTERM to the whole group, then SIGKILL after a grace period, so no SGLan
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +149,8 @@ class SglangServer:
             *self.args,
         ]
 
-    def start(self) -> SglangServer:
+    def start(self, wait: bool = True) -> SglangServer:
+        """Launch the server; with ``wait``, block until it is ready (see ``started_together`` for several)."""
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
             os.close(fd)
@@ -161,6 +164,12 @@ class SglangServer:
             self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> SglangServer:
+        """Block until ``/health`` answers 200; on failure (exit, timeout) stop the server and raise."""
         try:
             self._wait_ready()
         except BaseException:
@@ -223,6 +232,24 @@ class SglangServer:
     def generate(self, text: str | list[str], max_new_tokens: int = 32, **sampling: Any) -> Any:
         params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}
         return self.post("/generate", {"text": text, "sampling_params": params})
+
+
+@contextlib.contextmanager
+def started_together(*servers: SglangServer) -> Iterator[tuple[SglangServer, ...]]:
+    """Launch every server at once, then wait for each (their start-ups overlap: most of a CPU server's start is
+    spent waiting, not computing); on exit, signal them all before waiting for any."""
+    try:
+        for server in servers:
+            server.start(wait=False)
+        for server in servers:
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers:
+            if server.proc is not None and server.proc.poll() is None:
+                _signal_group(server.proc.pid, signal.SIGTERM)
+        for server in servers:
+            server.stop()
 
 
 @dataclasses.dataclass
