@@ -249,50 +249,100 @@ def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
         assert [lp for _, lp in got["top"]] == pytest.approx([lp for _, lp in reuse["top"]], abs=1e-5)
 
 
-def test_aborts_and_retraction_leave_no_leak(tiny_model):
-    """Abort requests mid-generation, and force retraction with a tiny KV pool: every request ends, SGLang's
-    strict idle memory check stays quiet, and vToken holds no page afterwards (both eviction modes)."""
+PRESSURE = ["--max-total-tokens", "1024", "--schedule-conservativeness", "0.05", "--max-running-requests", "8"]
+
+
+def test_pressure_aborts_and_retraction(tiny_model):
+    """A 1024-token pool that SGLang fills (it admits with 5% of its usual reservation, up to 8 requests):
+    Naive-Evict, vToken with copy fences done at once, and vToken with late fences (conftest: delay 4).
+
+    1. Eight requests of 300 tokens admitted together, so every server runs them all: Naive-Evict keeps the
+       pages of its scattered victims and retracts; vToken reclaims them and retracts fewer, none where the
+       instant-fence run has none (a reclaim under pressure waits for its copies and returns what it freed).
+    2. Sixteen requests, and vToken admits more of them at once than Naive-Evict: decode steps that would not
+       fit reclaim first (sources of earlier plans still in their grace period included) and free pages.
+    3. Sixteen ``ignore_eos`` requests, three aborted mid-generation, into the same pool.
+    Every request ends, SGLang's strict idle memory check stays quiet, vToken holds no page afterwards."""
     import concurrent.futures as cf
     import urllib.error
     import urllib.request
 
-    prompts = [("Memory is the scarce resource of serving. " * 5) + str(i) for i in range(10)]
-    for reclaim in ("off", "on"):
-        flags = default_server_args(max_total_tokens=1024) + EVICT + ["--vtoken-reclaim", reclaim]
-        with SglangServer(tiny_model, flags, env=STRICT) as s:
-
-            def gen(i):
-                body = {
-                    "text": prompts[i],
-                    "rid": f"r{i}",
-                    "sampling_params": {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True},
-                }
-                try:
-                    return s.post("/generate", body)
-                except urllib.error.HTTPError as err:  # an aborted request answers with an error status
-                    return {"aborted": err.code}
-
-            with cf.ThreadPoolExecutor(10) as pool:
-                futures = [pool.submit(gen, i) for i in range(10)]
-                time.sleep(4)
-                for i in (1, 4, 7):
-                    req = urllib.request.Request(
-                        s.url + "/abort_request",
-                        data=json.dumps({"rid": f"r{i}"}).encode(),
-                        headers={"Content-Type": "application/json"},
-                    )
-                    urllib.request.urlopen(req, timeout=30).read()
-                results = [f.result() for f in futures]
-            finished = [r for r in results if "output_ids" in r]
-            time.sleep(3)
-            state = s.get("/get_server_info")["internal_states"][0]["vtoken"]
-            log = s.log_text()
-            assert s.proc.poll() is None, log[-3000:]
-        assert len(finished) >= 7 and all(
-            len(r["output_ids"]) == 300 for r in finished if r["meta_info"]["finish_reason"]["type"] == "length"
+    prompts = [("Memory is the scarce resource of serving. " * 5) + str(i) for i in range(16)]
+    modes = {"off": STRICT, "instant": {**STRICT, **INSTANT_FENCES}, "late": STRICT}
+    servers = [
+        SglangServer(
+            tiny_model,
+            default_server_args() + EVICT + PRESSURE + ["--vtoken-reclaim", "off" if mode == "off" else "on"],
+            env=env,
         )
-        assert state["tokens_evicted"] > 0 and state["live_tokens"] == 0 and state["allocated_pages"] == 0
-        assert "memory leak" not in log and "Traceback" not in log
-        if reclaim == "off":
-            retractions = sum(r["meta_info"].get("num_retractions", 0) for r in finished)
-            print(f"naive retractions: {retractions}")
+        for mode, env in modes.items()
+    ]
+
+    def retractions(outs: list) -> int:
+        return sum(o["meta_info"].get("num_retractions", 0) for o in outs)
+
+    def run(s: SglangServer) -> dict:
+        info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
+        together = s.generate(prompts[:8], 300)
+        after_together = info()
+        with cf.ThreadPoolExecutor(16) as pool:
+            crowd = list(pool.map(lambda p: s.generate(p, 300), prompts))
+        after_crowd = info()
+
+        def gen(i):
+            body = {
+                "text": prompts[i],
+                "rid": f"r{i}",
+                "sampling_params": {"max_new_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+            }
+            try:
+                return s.post("/generate", body)
+            except urllib.error.HTTPError as err:  # an aborted request answers with an error status
+                return {"aborted": err.code}
+
+        with cf.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(gen, i) for i in range(16)]
+            time.sleep(4)
+            for i in (1, 4, 7):
+                req = urllib.request.Request(
+                    s.url + "/abort_request",
+                    data=json.dumps({"rid": f"r{i}"}).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                urllib.request.urlopen(req, timeout=30).read()
+            aborts = [f.result() for f in futures]
+        time.sleep(3)
+        return {
+            "together": retractions(together),
+            "after_together": after_together,
+            "crowd": crowd,
+            "after_crowd": after_crowd,
+            "aborts": [r for r in aborts if "output_ids" in r],
+            "idle": info(),
+            "log": s.log_text(),
+            "healthy": s.proc.poll() is None,
+        }
+
+    runs = dict(zip(modes, on_servers(servers, run)))
+    off, instant, late = runs["off"], runs["instant"], runs["late"]
+    print({mode: (r["together"], retractions(r["crowd"])) for mode, r in runs.items()})
+    # 1: equal admission
+    assert off["together"] > 0
+    assert late["together"] < off["together"] and instant["together"] < off["together"]
+    if instant["together"] == 0:
+        assert late["together"] == 0
+    # 2: reclaim under pressure frees pages, with late fences too (and every request completes)
+    for r in (instant, late):
+        grew = r["after_crowd"]["reclaim_on_pressure"] - r["after_together"]["reclaim_on_pressure"]
+        assert grew > 0 and r["after_crowd"]["pages_freed_on_pressure"] > 0, r["after_crowd"]
+    assert late["after_crowd"]["release_waits"] > 0
+    for r in runs.values():
+        assert all(o["meta_info"]["finish_reason"]["type"] in ("length", "stop") for o in r["crowd"])
+        # 3: aborts
+        assert len(r["aborts"]) >= 13 and all(
+            len(o["output_ids"]) == 300 for o in r["aborts"] if o["meta_info"]["finish_reason"]["type"] == "length"
+        )
+        st = r["idle"]
+        assert st["tokens_evicted"] > 0 and st["live_tokens"] == 0 and st["allocated_pages"] == 0, st
+        assert st["pending_pages"] == 0 and st["reserved_pages"] == 0, st
+        assert r["healthy"] and "memory leak" not in r["log"] and "Traceback" not in r["log"]

@@ -228,10 +228,13 @@ class Reclaimer:
 
     def reclaim_now(self, rounds: int = 8) -> int:
         """Memory is short: plan and apply regardless of theta, up to ``rounds`` plans, within the current epoch,
-        waiting for each plan's copy to free its sources at once. Returns the pages freed."""
+        waiting for each plan's copy to free its sources at once. Sources of earlier plans still in their grace
+        period are freed first (a blocking wait on their fences), so their pages count too. Returns the pages
+        freed."""
         if not self.enabled:
             return 0
         before = self.stats.pages_reclaimed
+        self.release_ready(force=True)
         self._plan_and_apply(rounds, force=True)
         return self.stats.pages_reclaimed - before
 

@@ -4,6 +4,11 @@ vToken tracks owners and live counts only of the pages of managed requests; the 
 Untracked pages (free, tree-owned, or of unmanaged requests) have owner ``FREE`` here, so this pool does not track
 every page (``tracks_every_page`` is False): the integrity check then compares the tracked pages with the
 allocator's free list instead of counting owners.
+
+The relocation reserve: up to ``reserve`` pages that vToken frees are held back from the allocator (owner ``FREE``
+here, on no free list) for relocation destinations, so that reclaim under memory pressure can compact even when
+SGLang has taken every free page. They go back to the allocator before SGLang's idle leak check
+(``return_reserve``) and refill from the next pages vToken frees.
 """
 
 from __future__ import annotations
@@ -19,31 +24,53 @@ class SglangPagePool(PagePool):
     def __init__(self, allocator, device: torch.device, reserve: int = 0):
         super().__init__(allocator.size // allocator.page_size, allocator.page_size, reserve=reserve, device=device)
         self._free = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._reserved = torch.empty(0, dtype=torch.int64, device=self.device)  # held back for relocation
         self.allocator = allocator
 
     def num_free(self, for_relocation: bool = False) -> int:
         pages = self.allocator.available_size() // self.page_size
-        return pages if for_relocation else max(0, pages - self.reserve)
+        return pages + len(self._reserved) if for_relocation else pages
+
+    def reserved_pages(self) -> int:
+        return len(self._reserved)
 
     def alloc(self, n: int, owner, for_relocation: bool = False) -> torch.Tensor:
+        """``for_relocation``: the reserve first, then the allocator."""
         if n == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         if n > self.num_free(for_relocation):
             raise OutOfPages(f"need {n} pages, {self.num_free(for_relocation)} available")
-        slots = self.allocator.alloc(n * self.page_size)
-        if slots is None:
-            raise OutOfPages(f"SGLang's allocator refused {n} pages")
-        pages = (slots[:: self.page_size] // self.page_size).to(self.device, torch.int64)
+        taken = self._reserved[:n] if for_relocation else self._reserved[:0]
+        self._reserved = self._reserved[len(taken) :]
+        pages = taken
+        if len(taken) < n:
+            slots = self.allocator.alloc((n - len(taken)) * self.page_size)
+            if slots is None:
+                self._reserved = torch.cat([taken, self._reserved])
+                raise OutOfPages(f"SGLang's allocator refused {n - len(taken)} pages")
+            pages = torch.cat([taken, (slots[:: self.page_size] // self.page_size).to(self.device, torch.int64)])
         self.owner[pages] = owner.to(self.device, torch.int32) if isinstance(owner, torch.Tensor) else owner
         return pages
 
     def free(self, pages: torch.Tensor) -> None:
+        """Untrack ``pages``; the first ones refill the relocation reserve, the rest go to SGLang's allocator."""
         if pages.numel() == 0:
             return
         pages = pages.to(self.device, torch.int64)
         self._check_releasable(pages)
         self.owner[pages] = FREE
-        self.allocator.free_page_ids(pages.to(self.allocator.device))
+        keep = max(0, self.reserve - len(self._reserved))
+        if keep:
+            self._reserved = torch.cat([self._reserved, pages[:keep]])
+            pages = pages[keep:]
+        if pages.numel():
+            self.allocator.free_page_ids(pages.to(self.allocator.device))
+
+    def return_reserve(self) -> None:
+        """Give the reserve back to SGLang's allocator (before its idle leak check, which counts every page)."""
+        if self._reserved.numel():
+            self.allocator.free_page_ids(self._reserved.to(self.allocator.device))
+            self._reserved = self._reserved[:0]
 
     def disown(self, pages: torch.Tensor) -> None:
         """Stop tracking empty pages that SGLang itself will free."""

@@ -39,6 +39,9 @@ from vtoken_sglang.scoring import ScoreCollector
 # rank, as CUDA events may (the copies themselves stay real and synchronous).
 FENCE_DELAY = int(os.environ.get("VTOKEN_SGLANG_FENCE_DELAY", "0"))
 FENCE_SEED = int(os.environ.get("VTOKEN_SGLANG_FENCE_SEED", "0"))
+# pages vToken holds back from SGLang's allocator for relocation destinations (reclaim on): with one free page a
+# plan can compact a row's sparse pages and free more, so reclaim under pressure can always start
+RELOCATION_RESERVE = 2
 
 
 class VTokenRuntime:
@@ -73,7 +76,9 @@ class VTokenRuntime:
             if cfg.vtoken_policy != "none"
             else None
         )
-        self.pool = SglangPagePool(allocator, device=req_to_token.device)
+        self.pool = SglangPagePool(
+            allocator, device=req_to_token.device, reserve=RELOCATION_RESERVE if cfg.vtoken_reclaim else 0
+        )
         rows, width = req_to_token.shape
         self.table = TokenTable(
             rows, width, self.pool, slots=req_to_token, state_names=self.policy.state_names if self.policy else ()
@@ -166,12 +171,16 @@ class VTokenRuntime:
         if not self.reclaimer.enabled:
             return 0
         self.stats.reclaim_on_pressure += 1
-        return self.reclaimer.reclaim_now()
+        freed = self.reclaimer.reclaim_now()
+        self.stats.pages_freed_on_pressure += freed
+        return freed
 
     def release_before_idle(self) -> None:
         """The scheduler is about to go idle (and SGLang to check its pool for leaks): free every relocation
-        source still pending, waiting for its copy (the server is idle: the wait costs nothing)."""
+        source still pending, waiting for its copy (the server is idle: the wait costs nothing), and give the
+        relocation reserve back to SGLang's allocator."""
         self.reclaimer.release_ready(force=True)
+        self.pool.return_reserve()
 
     def sample_pages(self) -> None:
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
@@ -190,6 +199,7 @@ class VTokenRuntime:
             "requests_managed": self.rows.requests_managed,
             "resident_dead_tokens": int(pool.used_pages() * self.page_size - pool.live[tracked].sum()),
             "pending_pages": self.reclaimer.pending_pages(),
+            "reserved_pages": self.pool.reserved_pages(),
             **self.stats.as_dict(with_tree=self.tree is not None),
             **(self.scores.metrics() if self.scores is not None else {}),
             **self.reclaimer.stats.as_dict(),

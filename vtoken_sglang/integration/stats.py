@@ -23,6 +23,7 @@ class RuntimeStats:
     peak_tracked_pages: int = 0  # pages of managed requests
     peak_held_pages: int = 0  # SGLang's pool in use less the tree's evictable pages (radix cache on)
     reclaim_on_pressure: int = 0  # reclaims forced by a decode step that would not fit
+    pages_freed_on_pressure: int = 0  # what they freed (before SGLang checked the step again)
     position_checks: int = 0  # decode positions checked (VTOKEN_SGLANG_CHECK_POSITIONS=1)
     position_mismatches: int = 0
     integrity_checks: int = 0  # full integrity checks run (VTOKEN_SGLANG_CHECK_INTEGRITY=1)
