@@ -202,3 +202,36 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
     assert errors == [
         "error: model MambaForCausalLM: hybrid mamba / linear-attention models are not supported with vToken"
     ]
+
+
+@pytest.mark.parametrize(
+    "graph_flags, refused",
+    [
+        ([], True),
+        (["--cuda-graph-backend-decode", "disabled"], False),
+        (["--disable-cuda-graph"], False),  # SGLang 0.5.23's deprecated spelling
+        (["--cuda-graph-backend-prefill", "disabled"], True),  # decode graphs still on
+    ],
+)
+def test_decode_score_policy_on_a_gpu_needs_decode_graphs_off(
+    plugins_loaded, tiny_model, monkeypatch, graph_flags, refused
+):
+    """On a GPU, h2o/tova/scissorhands need decode CUDA graphs off; both of SGLang's spellings say so. (Checked on
+    the parsed flags, as the launcher checks them before SGLang resolves its record for the device.)"""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from vtoken_sglang.config import ConfigError
+    from vtoken_sglang.integration.options import check_sglang_args, cli_display, config_from_user
+
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", tiny_model, "--device", "cuda", *graph_flags])
+    cfg = config_from_user({"enable_vtoken": True, "vtoken_policy": "h2o", "vtoken_budget": "512"}, cli_display)
+    if refused:
+        with pytest.raises(ConfigError, match="--cuda-graph-backend-decode disabled"):
+            check_sglang_args(args, cfg, cli_display, log=False)
+    else:
+        check_sglang_args(args, cfg, cli_display, log=False)

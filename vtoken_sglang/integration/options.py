@@ -126,6 +126,8 @@ _CHECKED_FIELDS = {
     "prefill_attention_backend": None,
     "device": None,
     "disable_cuda_graph": False,
+    "cuda_graph_backend_decode": None,
+    "disable_decode_cuda_graph": False,
     "enable_mixed_chunk": False,
     "enable_dp_attention": False,
     "attn_dp_size": None,
@@ -209,6 +211,19 @@ def _sglang_display(display, name: str) -> str:
     return name if display is kwarg_display else "--" + name.replace("_", "-")
 
 
+def decode_graphs_off(server_args: Any) -> bool:
+    """Whether decode steps run without CUDA graphs, in any of SGLang 0.5.23's spellings: the deprecated
+    ``--disable-cuda-graph``, ``--cuda-graph-backend-decode disabled``, or the record they resolve into
+    (``disable_decode_cuda_graph``, ``cuda_graph_config["decode"]["backend"]``)."""
+    if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, "disable_decode_cuda_graph", False):
+        return True
+    if getattr(server_args, "cuda_graph_backend_decode", None) == "disabled":
+        return True
+    graphs = getattr(server_args, "cuda_graph_config", None)
+    decode = graphs.get("decode") if isinstance(graphs, dict) else getattr(graphs, "decode", None)
+    return (decode.get("backend") if isinstance(decode, dict) else getattr(decode, "backend", None)) == "disabled"
+
+
 def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = True) -> None:
     """Reject what vToken does not support yet, naming the SGLang flag; default ``page_size`` to 16.
 
@@ -277,12 +292,8 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
             f"{given}: DP attention is not supported with vToken (it runs decode batches as extend batches, whose "
             "positions come from live lengths, not logical ones); use --dp-size without it"
         )
-    if (
-        cfg.vtoken_policy in DECODE_SCORE_POLICIES
-        and not on_cpu
-        and not getattr(server_args, "disable_cuda_graph", False)
-    ):
+    if cfg.vtoken_policy in DECODE_SCORE_POLICIES and not on_cpu and not decode_graphs_off(server_args):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
-            f"{flag('disable_cuda_graph')}"
+            f"{flag('cuda_graph_backend_decode')} disabled (or the deprecated {flag('disable_cuda_graph')})"
         )
