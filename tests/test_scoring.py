@@ -164,8 +164,9 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
     """In the real server: (1) the scores collected for a decoding request (tova) and SnapKV's prefill window
     scores equal transformers' attention probabilities for the same tokens; (2) for tova, scissorhands and snapkv
     (radix cache on: snapkv's prompt victims leave the tree's pages by copy-on-write), Naive-Evict and vToken give
-    identical greedy tokens, vToken holds fewer pages, nothing leaks. (h2o runs in test_tp: TP 2, scores summed over
-    the ranks.)"""
+    identical greedy tokens, vToken holds fewer pages, nothing leaks; (3) a request managed by a score policy that
+    never evicted (tova, snapkv under budget) is inserted into the radix tree: the next turn hits the cache on its
+    output. (h2o runs in test_tp: TP 2, scores summed over the ranks.)"""
     from transformers import AutoModelForCausalLM
 
     from vtoken_sglang.serving import SglangServer, default_server_args
@@ -192,7 +193,7 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
             dump_of[policy] = tmp_path / f"{policy}-{reclaim}.pt"
             env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump_of[policy])}
         servers.append(SglangServer(tiny_model, flags, env=env))
-    dumps = {}
+    dumps, cached = {}, {}
 
     def run(s: SglangServer) -> tuple:
         policy, reclaim = configs[servers.index(s)]
@@ -204,6 +205,16 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
                 time.sleep(0.5)
                 steps = torch.load(dump) if dump.exists() else []
             dumps[policy] = steps
+            # the next turn of that conversation: its first turn (prompt and output) was never evicted from, so
+            # it was inserted into the radix tree whole, as plain SGLang inserts it
+            first = s.post(
+                "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 9, "temperature": 0.0}}
+            )
+            turn = prompt + first["output_ids"] + [7, 8, 9]
+            second = s.post(
+                "/generate", {"input_ids": turn, "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
+            )
+            cached[policy] = second["meta_info"]["cached_tokens"]
         sampling = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
         out = s.post("/generate", {"input_ids": PROMPT_IDS, "sampling_params": sampling})
         time.sleep(2)
@@ -211,6 +222,8 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
 
     runs = dict(zip(configs, on_servers(servers[:3], run) + on_servers(servers[3:], run)))  # 3 at a time: memory
 
+    # 77 + 9 tokens: 5 whole pages in the tree after the first turn, against 4 from its prompt alone
+    assert cached == {"tova": 80, "snapkv": 80}, cached
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
     assert [len(seen) for seen, _ in dumps["tova"]] == [78, 79, 80, 81]
     for seen, got in dumps["tova"]:

@@ -81,6 +81,9 @@ def _trim(rt, batch, ending: set) -> bool:
     new = [r for r in over if not rt.rows.is_managed(r.kv.req_pool_idx)]
     if new:
         rt.rows.manage(new)
+    first = [r for r in over if not rt.rows.host_compacted[r.kv.req_pool_idx]]
+    if first:
+        rt.rows.mark_compacted(first)
     table = rt.table
     rows = torch.from_numpy(host_rows[over_mask]).to(table.slots.device)
     vr, vc = rt.policy.select_victims(table, rows)

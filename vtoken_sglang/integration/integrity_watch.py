@@ -80,6 +80,8 @@ class IntegrityWatch:
         offset = (t.logical_len[r] - t.live_len[r]).cpu().numpy()
         self._require(bool((last == rows.host_tail_pos[idx]).all()), where, "a host tail position is stale")
         self._require(bool((offset == rows.host_offset[idx]).all()), where, "a host position offset is stale")
+        dense = ~rows.host_compacted[idx]  # released to upstream as dense rows: nothing evicted, nothing moved
+        self._require(bool((offset[dense] == 0).all()), where, "a row not marked compacted has evicted tokens")
 
     def _require(self, ok: bool, where: str, what: str) -> None:
         if not ok:

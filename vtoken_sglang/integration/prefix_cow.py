@@ -7,7 +7,7 @@ the next forward), rewrites its row, takes a lock on the node at its cut and dro
 evict the nodes nobody locks any more under memory pressure.
 
 Invariants: the tree's slots are never written, moved or freed here (copy, never move); a request that copied is
-never inserted into the tree (``skip_radix_cache_insert`` is set when a request is managed); after a copy, the
+never inserted into the tree (``skip_radix_cache_insert`` is set at a request's first eviction); after a copy, the
 request's row holds tree slots only for logical positions below its new ``cache_protected_len`` (the cut) and
 its lock is on the node at the cut.
 """

@@ -5,7 +5,9 @@ scored step; snapkv: after its prefill). Until then its row is exactly upstream'
 tree). From then on:
 - its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order, and ``seq_len`` = live count
   (``write_lengths``);
-- ``req.skip_radix_cache_insert`` is set (its row no longer matches its token ids);
+- from its first eviction on (``mark_compacted``), ``req.skip_radix_cache_insert`` is set (its row no longer
+  matches its token ids). A managed request that never evicted (a score policy's, under budget) keeps a dense
+  row: when it ends, its pages go back to SGLang untracked and upstream releases it, inserting it into the tree;
 - tokens of its tree prefix (logical positions below ``cache_protected_len``) are eviction candidates like any
   other, but evicting one only drops it from the request's view: its slot is the tree's, never moved or freed here;
 - its private pages are tracked in the ``SglangPagePool`` (owner = row, live counts);
@@ -49,6 +51,7 @@ class RequestRows:
         self.host_active = np.zeros(n, dtype=bool)
         self.host_offset = np.zeros(n, dtype=np.int64)
         self.host_tail_pos = np.zeros(n, dtype=np.int64)
+        self.host_compacted = np.zeros(n, dtype=bool)  # managed and evicted at least once: not insertable
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
 
@@ -74,27 +77,37 @@ class RequestRows:
         # register the whole row; only the request's own pages (past the tree prefix) are claimed and counted
         self.table.sync_new_tokens(rows, protected)
         self.table.sync_new_tokens(rows, lens - protected, claim_pages=True)
-        for r in reqs:
-            r.skip_radix_cache_insert = True
         host_rows = np.fromiter((r.kv.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
         host_lens = np.fromiter((r.kv.kv_committed_len for r in reqs), dtype=np.int64, count=len(reqs))
         self.host_active[host_rows] = True
         self.host_offset[host_rows] = 0
+        self.host_compacted[host_rows] = False
         self.host_tail_pos[host_rows] = (host_lens - 1) % self.page_size  # a dense row's last slot
         self.requests_managed += len(reqs)
         self.n_managed += len(reqs)
 
+    def mark_compacted(self, reqs: list) -> None:
+        """``reqs`` (managed) are about to evict: their rows stop matching their token ids."""
+        for r in reqs:
+            r.skip_radix_cache_insert = True
+        self.host_compacted[[r.kv.req_pool_idx for r in reqs]] = True
+
     def release(self, req) -> None:
-        """Before SGLang releases a managed request: free its private pages here and leave SGLang nothing of the
-        row to free past the tree prefix (its segment free assumes a dense row). Without a tree prefix (radix cache
-        off, or a prompt shorter than a page) SGLang asserts that a row it still holds is not empty: it gets one
-        page of the request to free itself, as a one-slot row."""
+        """Before SGLang releases a managed request. A dense row (never evicted): stop tracking it and its pages,
+        and let upstream release it (and insert it into the tree). A compacted row: free its private pages here
+        and leave SGLang nothing of the row to free past the tree prefix (its segment free assumes a dense row).
+        Without a tree prefix (radix cache off, or a prompt shorter than a page) SGLang asserts that a row it
+        still holds is not empty: it gets one page of the request to free itself, as a one-slot row."""
         row = req.kv.req_pool_idx
         pages = self.table.close_row(row)
         self.n_managed -= 1
         self.offset[row] = 0
         self.host_active[row] = False
         self.host_offset[row] = 0
+        if not self.host_compacted[row]:
+            self.pool.disown(pages)
+            return
+        self.host_compacted[row] = False
         keep = req.kv.cache_protected_len
         if keep == 0 and pages.numel():
             handed, pages = pages[:1], pages[1:]
