@@ -19,12 +19,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from vtoken_sglang.bench_load import bench_serving_command, random_ids_load  # noqa: E402
 from vtoken_sglang.serving import (  # noqa: E402
     SglangServer,
-    bench_serving_command,
     cpu_env,
     default_server_args,
-    random_ids_load,
 )
 from vtoken_sglang.tiny_model import build  # noqa: E402
 

@@ -9,7 +9,8 @@ import time
 import pytest
 from conftest import PY, REPO, STRICT, on_servers, prometheus_values, run_all
 
-from vtoken_sglang.serving import SglangServer, bench_serving_command, default_server_args, random_ids_load
+from vtoken_sglang.bench_load import bench_serving_command, random_ids_load
+from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
 

@@ -7,11 +7,10 @@ import json
 import pytest
 from conftest import PY, REPO, run_all
 
+from vtoken_sglang.bench_load import bench_serving_command, random_ids_load
 from vtoken_sglang.serving import (
     SglangServer,
-    bench_serving_command,
     default_server_args,
-    random_ids_load,
     started_together,
 )
 
