@@ -50,14 +50,15 @@ def run_all(
     return results
 
 
-def on_servers(servers: list, fn) -> list:
-    """Start ``servers`` together, then run ``fn(server)`` on each in turn, and stop them; the results in order.
+def on_servers(servers: dict, fn) -> dict:
+    """Start ``servers`` (name -> server) together, then run ``fn(name, server)`` on each in turn, and stop them;
+    name -> result.
     Start-ups overlap (part of a CPU server's start is not CPU-bound); loads do not (two CPU-bound loads on these
     two cores take longer together than one after the other)."""
     from vtoken_sglang.serving import started_together
 
-    with started_together(*servers):
-        return [fn(s) for s in servers]
+    with started_together(*servers.values()):
+        return {name: fn(name, s) for name, s in servers.items()}
 
 
 PY = sys.executable

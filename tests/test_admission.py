@@ -53,8 +53,8 @@ def run(s: SglangServer) -> dict:
 def runs(tiny_model):
     modes = ("on", "off")
     flags = default_server_args(max_total_tokens=2048) + FLAGS
-    servers = [SglangServer(tiny_model, flags + ["--vtoken-reclaim", reclaim]) for reclaim in modes]
-    return dict(zip(modes, on_servers(servers, run)))
+    servers = {reclaim: SglangServer(tiny_model, flags + ["--vtoken-reclaim", reclaim]) for reclaim in modes}
+    return on_servers(servers, lambda _, s: run(s))
 
 
 def test_ignore_eos_admission_uses_eviction_budgets_with_the_radix_cache_off(runs):

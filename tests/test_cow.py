@@ -36,19 +36,18 @@ CROWD = [("Reply in one word. Be terse. " * 8) + f"Case {i}." for i in range(8)]
 @pytest.fixture(scope="module")
 def cow_runs(tiny_model, tmp_path_factory):
     modes = ("on", "off")
-    servers = [
-        SglangServer(
+    servers = {
+        cow: SglangServer(
             tiny_model,
             default_server_args() + FLAGS + ["--vtoken-cow", cow, "--enable-metrics", "--decode-log-interval", "10"],
             log_path=tmp_path_factory.mktemp(f"cow_{cow}") / "server.log",
             env=STRICT,
         )
         for cow in modes
-    ]
+    }
     results = {}
 
-    def run(s: SglangServer) -> dict:
-        cow = modes[servers.index(s)]
+    def run(cow: str, s: SglangServer) -> dict:
         info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
         shared = [o["output_ids"] for o in s.generate(SHARED, 120, ignore_eos=True)]
         after_shared = info()
@@ -83,7 +82,7 @@ def cow_runs(tiny_model, tmp_path_factory):
         out.update(log=s.log_text(), healthy=s.proc.poll() is None)
         return out
 
-    results.update(zip(modes, on_servers(servers, run)))
+    results.update(on_servers(servers, run))
     return results
 
 

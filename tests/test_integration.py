@@ -56,10 +56,8 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
         )
         for mode, extra in modes.items()
     }
-    mode_of = {id(s): mode for mode, s in servers.items()}
 
-    def run(s: SglangServer) -> dict:
-        mode = mode_of[id(s)]
+    def run(mode: str, s: SglangServer) -> dict:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(s.generate, PROMPTS, 160, ignore_eos=True)
             killed = kill_worker_once_it_planned(s, load) if mode == "worker" else None
@@ -80,7 +78,7 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
             "killed": killed,
         }
 
-    return dict(zip(servers, on_servers(list(servers.values()), run)))
+    return on_servers(servers, run)
 
 
 def wait_until_worker_is_back(server: SglangServer, timeout: float = 120) -> None:
@@ -269,14 +267,14 @@ def test_pressure_aborts_and_retraction(tiny_model):
 
     prompts = [("Memory is the scarce resource of serving. " * 5) + str(i) for i in range(16)]
     modes = {"off": STRICT, "instant": {**STRICT, **INSTANT_FENCES}, "late": STRICT}
-    servers = [
-        SglangServer(
+    servers = {
+        mode: SglangServer(
             tiny_model,
             default_server_args() + EVICT + PRESSURE + ["--vtoken-reclaim", "off" if mode == "off" else "on"],
             env=env,
         )
         for mode, env in modes.items()
-    ]
+    }
 
     def retractions(outs: list) -> int:
         return sum(o["meta_info"].get("num_retractions", 0) for o in outs)
@@ -323,7 +321,7 @@ def test_pressure_aborts_and_retraction(tiny_model):
             "healthy": s.proc.poll() is None,
         }
 
-    runs = dict(zip(modes, on_servers(servers, run)))
+    runs = on_servers(servers, lambda _, s: run(s))
     off, instant, late = runs["off"], runs["instant"], runs["late"]
     print({mode: (r["together"], retractions(r["crowd"])) for mode, r in runs.items()})
     # 1: equal admission

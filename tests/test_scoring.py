@@ -173,7 +173,7 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
 
     prompt = list(range(100, 177))
     configs = [(policy, reclaim) for policy in SCORE_POLICIES for reclaim in ("off", "on")]
-    servers, dump_of = [], {}
+    servers, dump_of = {}, {}
     for policy, reclaim in configs:
         flags = default_server_args() + [
             "--enable-vtoken",
@@ -192,11 +192,11 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
         if reclaim == "off" and policy in ("tova", "snapkv"):
             dump_of[policy] = tmp_path / f"{policy}-{reclaim}.pt"
             env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump_of[policy])}
-        servers.append(SglangServer(tiny_model, flags, env=env))
+        servers[policy, reclaim] = SglangServer(tiny_model, flags, env=env)
     dumps, cached = {}, {}
 
-    def run(s: SglangServer) -> tuple:
-        policy, reclaim = configs[servers.index(s)]
+    def run(config: tuple[str, str], s: SglangServer) -> tuple:
+        policy, reclaim = config
         if reclaim == "off" and policy in dump_of:  # 77 + 6 tokens < 96 + slack: scores over the full sequence
             dump = dump_of[policy]
             s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
@@ -220,7 +220,8 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
         time.sleep(2)
         return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
 
-    runs = dict(zip(configs, on_servers(servers[:3], run) + on_servers(servers[3:], run)))  # 3 at a time: memory
+    first, rest = dict(list(servers.items())[:3]), dict(list(servers.items())[3:])
+    runs = {**on_servers(first, run), **on_servers(rest, run)}  # 3 at a time: memory
 
     # 77 + 9 tokens: 5 whole pages in the tree after the first turn, against 4 from its prompt alone
     assert cached == {"tova": 80, "snapkv": 80}, cached

@@ -63,12 +63,13 @@ def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy):
     """Naive-Evict, vToken with the inline planner (each rank plans from its own, identical state) and vToken with
     the compaction worker (one, on rank 0; every rank applies what rank 0 broadcasts), the last two with late
     fences seeded differently on each rank."""
-    servers = [
-        tp2_server(tiny_model, policy, "off"),
-        tp2_server(tiny_model, policy, "on", "inline"),
-        tp2_server(tiny_model, policy, "on", "worker"),
-    ]
-    (off_ids, off), (inline_ids, inline), (worker_ids, worker) = on_servers(servers, run_load)
+    servers = {
+        "off": tp2_server(tiny_model, policy, "off"),
+        "inline": tp2_server(tiny_model, policy, "on", "inline"),
+        "worker": tp2_server(tiny_model, policy, "on", "worker"),
+    }
+    runs = on_servers(servers, lambda _, s: run_load(s))
+    (off_ids, off), (inline_ids, inline), (worker_ids, worker) = runs["off"], runs["inline"], runs["worker"]
     for ranks in (off, inline, worker):
         assert set(ranks) == {0, 1}
         assert ranks[0]["tokens_evicted"] > 0
