@@ -76,3 +76,14 @@ def test_budget_equal_to_floor_is_accepted():
 def test_every_option_has_a_field():
     fields = set(VTokenConfig.__dataclass_fields__)
     assert {o.name for o in OPTIONS} == fields
+
+
+def test_policy_lists_agree_with_the_policy_classes():
+    """config's lists of built-in policies (which options belong to which) say what the classes say."""
+    from vtoken_sglang.config import DECODE_SCORE_POLICIES, POLICIES, SCORE_POLICIES
+    from vtoken_sglang.policies import POLICIES as CLASSES
+    from vtoken_sglang.policies import scoring
+
+    assert tuple(CLASSES) == POLICIES
+    assert {n for n, c in CLASSES.items() if scoring(c)} == set(SCORE_POLICIES)
+    assert {n for n, c in CLASSES.items() if scoring(c) == "decode"} == set(DECODE_SCORE_POLICIES)

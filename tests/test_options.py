@@ -37,6 +37,32 @@ BAD_CLI = [
         "--enable-mixed-chunk: mixed prefill/decode batches are not supported",
     ),
     (["--enable-vtoken", "--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
+    # a policy of one's own (package.module:ClassName) that does not load, or is not a complete Policy
+    (
+        ["--enable-vtoken", "--vtoken-policy", "no_such_pkg.mod:Keep", "--vtoken-budget", "512"],
+        "--vtoken-policy no_such_pkg.mod:Keep: cannot import no_such_pkg.mod (ModuleNotFoundError: No module named",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "json:NoSuchClass", "--vtoken-budget", "512"],
+        "--vtoken-policy json:NoSuchClass: module json has no NoSuchClass",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "json:JSONDecoder", "--vtoken-budget", "512"],
+        "--vtoken-policy json:JSONDecoder: json:JSONDecoder is not a subclass of vtoken_sglang.policies.Policy",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "vtoken_sglang.policies.base:Policy", "--vtoken-budget", "512"],
+        "vtoken_sglang.policies.base:Policy does not implement keep_score",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "json:", "--vtoken-budget", "512"],
+        "--vtoken-policy json:: unknown policy 'json:'",
+    ),
+    (  # decode-scored like h2o: takes h2o's options, not scissorhands'
+        ["--enable-vtoken", "--vtoken-policy", "vtoken_sglang.policies.h2o:H2OPolicy", "--vtoken-budget", "512"]
+        + ["--vtoken-history", "8"],
+        "--vtoken-history needs --vtoken-policy scissorhands",
+    ),
     (
         ["--enable-vtoken", "--dp-size", "2", "--attn-dp-size", "2"],
         "--attn-dp-size 2: DP attention is not supported with vToken",

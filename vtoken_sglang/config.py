@@ -13,9 +13,10 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-POLICIES = ("none", "streaming", "random", "h2o", "scissorhands", "tova", "snapkv")
+POLICIES = ("none", "streaming", "random", "h2o", "scissorhands", "tova", "snapkv")  # built in (and their classes')
 SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores collected by the engine
 DECODE_SCORE_POLICIES = ("h2o", "scissorhands", "tova")  # scored at decode steps (snapkv: once, at prefill)
+EXTERNAL_POLICY = "package.module:ClassName"  # how a policy of one's own is named (policies.policy_class)
 PLANNERS = ("worker", "inline")
 ENV_VAR = "VTOKEN_SGLANG_CONFIG"
 
@@ -86,6 +87,13 @@ def _parse_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     return parse
 
 
+def _parse_policy(value: Any) -> str:
+    """A built-in policy's name, or ``package.module:ClassName`` (a ``Policy`` subclass, loaded at validation)."""
+    if isinstance(value, str) and (value in POLICIES or ":" in value):
+        return value
+    raise ValueError(f"expected one of {', '.join(POLICIES)}, or {EXTERNAL_POLICY}; got {value!r}")
+
+
 def _parse_on_off(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -138,7 +146,10 @@ class VTokenConfig:
         False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", _parse_bool
     )
     vtoken_policy: str = option(
-        "none", f"Eviction policy: {', '.join(POLICIES)} (none: hooks only, no eviction).", _parse_choice(POLICIES)
+        "none",
+        f"Eviction policy: {', '.join(POLICIES)} (none: hooks only, no eviction), or {EXTERNAL_POLICY}, a "
+        "vtoken_sglang.policies.Policy subclass of your own (docs/policies.md).",
+        _parse_policy,
     )
     vtoken_budget: int | None = option(
         None,
@@ -223,8 +234,9 @@ class VTokenConfig:
                 f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or "
                 f"{display('vtoken_budget_ratio')}"
             )
+        takes = self._takes_options_of(display)
         for opt in OPTIONS:
-            if getattr(self, opt.name) != opt.default and self.vtoken_policy not in opt.policies:
+            if getattr(self, opt.name) != opt.default and not takes <= set(opt.policies):
                 raise ConfigError(f"{display(opt.name)} needs {display('vtoken_policy')} {' or '.join(opt.policies)}")
         if self.vtoken_pool % 2 == 0:
             raise ConfigError(
@@ -237,6 +249,30 @@ class VTokenConfig:
                 f"{display('vtoken_recent')} "
                 f"({self.vtoken_sinks} + {self.vtoken_recent} = {floor})"
             )
+
+    def _takes_options_of(self, display: Callable[[str], str]) -> set[str]:
+        """The built-in policies whose options this policy takes: itself, or for a policy of one's own every
+        built-in one that is scored as it is (loading it: an error if it does not load)."""
+        if self.vtoken_policy in POLICIES:
+            return {self.vtoken_policy}
+        from vtoken_sglang.policies import policy_class, scoring
+
+        try:
+            kind = scoring(policy_class(self.vtoken_policy))
+        except ValueError as err:
+            raise ConfigError(f"{display('vtoken_policy')} {self.vtoken_policy}: {err}") from None
+        return {name for name in POLICIES if self._scoring_of(name) == kind}
+
+    @staticmethod
+    def _scoring_of(name: str) -> str:
+        from vtoken_sglang.policies import policy_class, scoring
+
+        return scoring(policy_class(name))
+
+    @property
+    def scoring(self) -> str:
+        """When the policy needs attention scores collected: ``"decode"``, ``"prefill"``, or ``""`` (never)."""
+        return self._scoring_of(self.vtoken_policy)
 
     @property
     def enabled(self) -> bool:

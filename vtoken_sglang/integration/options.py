@@ -19,11 +19,9 @@ import sys
 from typing import Any
 
 from vtoken_sglang.config import (
-    DECODE_SCORE_POLICIES,
     ENV_VAR,
     OPTION_BY_NAME,
     OPTIONS,
-    SCORE_POLICIES,
     ConfigError,
     VTokenConfig,
     kwarg_display,
@@ -271,7 +269,7 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
         raise ConfigError(f"{flag('pp_size')} {server_args.pp_size}: pipeline parallelism is not supported with vToken")
     # A score-based policy scores the step that just ran with the queries its forward kept; under the overlap
     # scheduler the next forward runs first and replaces them. Other policies run with overlap on or off.
-    if cfg.vtoken_policy in SCORE_POLICIES and not getattr(server_args, "disable_overlap_schedule", True):
+    if cfg.scoring and not getattr(server_args, "disable_overlap_schedule", True):
         server_args.disable_overlap_schedule = True
         if log:
             logger.info(
@@ -292,7 +290,7 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
             f"{given}: DP attention is not supported with vToken (it runs decode batches as extend batches, whose "
             "positions come from live lengths, not logical ones); use --dp-size without it"
         )
-    if cfg.vtoken_policy in DECODE_SCORE_POLICIES and not on_cpu and not decode_graphs_off(server_args):
+    if cfg.scoring == "decode" and not on_cpu and not decode_graphs_off(server_args):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
             f"{flag('cuda_graph_backend_decode')} disabled (or the deprecated {flag('disable_cuda_graph')})"

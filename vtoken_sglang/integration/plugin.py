@@ -33,10 +33,9 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
 
 def _serving_hooks(cfg: VTokenConfig | None = None) -> dict[str, tuple[str, Callable]]:
     """The scheduler-side hooks for ``cfg`` (all of them when ``cfg`` is None)."""
-    from vtoken_sglang.config import SCORE_POLICIES
     from vtoken_sglang.integration.serving_hooks import HOOKS, SCORING_HOOKS
 
-    if cfg is None or cfg.vtoken_policy in SCORE_POLICIES:
+    if cfg is None or cfg.scoring:
         return {**HOOKS, **SCORING_HOOKS}
     return dict(HOOKS)
 

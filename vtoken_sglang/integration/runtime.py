@@ -123,13 +123,13 @@ class VTokenRuntime:
         )
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:
-            snapkv = cfg.vtoken_policy == "snapkv"
+            prefill = self.policy.scored_at == "prefill"
             scorer = ScoreCollector(
                 len(kv_pool.k_buffer),
                 cfg.vtoken_score_layers,
                 cfg.vtoken_score_every,
-                decode=not snapkv,
-                prefill_window=cfg.vtoken_window if snapkv else 0,
+                decode=not prefill,
+                prefill_window=cfg.vtoken_window if prefill else 0,
             )
             self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, dump=score_dump)
         self.integrity = IntegrityWatch(self.reclaimer, self.rows, self.stats)

@@ -84,9 +84,19 @@ def row_block(table: TokenTable, rows: torch.Tensor) -> RowBlock:
     )
 
 
+SCORED_AT = ("decode", "prefill")
+
+
 class Policy(abc.ABC):
+    """Subclass it for a policy of your own (served with ``--vtoken-policy package.module:ClassName``): name the
+    per-token state you keep (``state_names``: float32, one value per live token, moved with it, 0 when the token
+    is written), fold attention into it in ``observe`` if ``needs_scores``, and rank in ``keep_score``."""
+
     name: str = ""
     needs_scores: bool = False
+    # with needs_scores: what ``observe`` receives. "decode": every scored decode step, the newest query's
+    # attention over the live tokens; "prefill": once per prompt, the attention of its last ``cfg.window`` queries.
+    scored_at: str = "decode"
     state_names: tuple[str, ...] = ()
     # Victims empty whole pages in order (a contiguous window), so eviction alone frees memory: Naive-Evict may
     # count on it at admission. Scattered victims leave pages trapped until something relocates them.

@@ -11,6 +11,7 @@ from vtoken_sglang.policies.base import Policy, RowBlock
 class SnapKVPolicy(Policy):
     name = "snapkv"
     needs_scores = True
+    scored_at = "prefill"
     state_names = ("snap",)
 
     def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:

@@ -1,0 +1,107 @@
+"""A policy from outside the project (``--vtoken-policy package.module:ClassName``): the example of
+docs/policies.md loads and ranks as the built-in h2o does; a policy defined in this module is served by real SGLang
+through the flag, evicts, and gives h2o's tokens and victims. (Policies that do not load are refused at start:
+test_options.BAD_CLI.)"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, STRICT, on_servers
+from core_helpers import MiniEngine
+
+from vtoken_sglang.config import VTokenConfig
+from vtoken_sglang.policies import Policy, PolicyConfig, RowBlock, make_policy, policy_class, scoring
+
+SPEC = "test_policy_plugin:HeavyHitters"
+
+
+class HeavyHitters(Policy):
+    """H2O written as a user would: accumulated attention, under a state name of its own."""
+
+    name = "heavy-hitters"
+    needs_scores = True
+    state_names = ("hh",)
+
+    def observe(self, table, rows, attn, prefill=False):
+        table.state["hh"][rows, : attn.shape[1]] += attn.to(torch.float32)
+
+    def keep_score(self, block: RowBlock) -> torch.Tensor:
+        return block.state["hh"]
+
+
+def docs_example(tmp_path: Path) -> str:
+    """Write the policy of docs/policies.md into a module on ``sys.path``; its spec."""
+    text = (REPO / "docs" / "policies.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "my_policies.py").write_text(code)
+    sys.path.insert(0, str(tmp_path))
+    return "my_policies:AccumulatedAttention"
+
+
+def victims_after(spec: str, attns: list[torch.Tensor]) -> list[list[int]]:
+    """Logical ids kept per request after observing ``attns`` and one eviction round (budget 20, recent 5)."""
+    cls = policy_class(spec)
+    eng = MiniEngine(num_pages=256, page_size=4, rows=4, max_context=256, state_names=cls.state_names)
+    rows = torch.arange(3)
+    eng.table.open_rows(rows)
+    eng.write(rows, torch.tensor([40, 33, 26]))
+    pol = make_policy(spec, PolicyConfig(budget=20, sinks=2, recent=5, slack=0))
+    for attn in attns:
+        pol.observe(eng.table, rows, attn)
+    eng.evict(*pol.select_victims(eng.table, rows))
+    return [eng.table.row_view(r)[1].tolist() for r in range(3)]
+
+
+def test_docs_example_and_test_policy_rank_as_h2o(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    attns = [torch.rand(3, 40, generator=g) for _ in range(4)]
+    expected = victims_after("h2o", attns)
+    assert [len(k) for k in expected] == [20, 20, 20]
+    try:
+        spec = docs_example(tmp_path)
+        assert victims_after(spec, attns) == expected
+        assert victims_after(SPEC, attns) == expected
+        assert scoring(policy_class(spec)) == "decode"
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_policies", None)
+
+
+def test_external_policy_takes_the_options_of_policies_scored_like_it():
+    cfg = VTokenConfig.build(
+        {"enable_vtoken": True, "vtoken_policy": SPEC, "vtoken_budget": 96, "vtoken_score_every": 2}
+    )
+    assert cfg.scoring == "decode" and cfg.vtoken_score_every == 2
+    assert VTokenConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.server
+def test_server_serves_a_policy_of_ones_own(tiny_model):
+    """The same load under built-in h2o and under this module's HeavyHitters (imported in the launcher and in the
+    scheduler from PYTHONPATH): evictions, identical victims and tokens, nothing leaked."""
+    from vtoken_sglang.serving import SglangServer, default_server_args
+
+    flags = default_server_args() + ["--enable-vtoken", "--vtoken-budget", "96", "--vtoken-recent", "8"]
+    env = {**STRICT, "PYTHONPATH": str(Path(__file__).parent)}
+    servers = {
+        policy: SglangServer(tiny_model, flags + ["--vtoken-policy", policy], env=env) for policy in ("h2o", SPEC)
+    }
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(10, 2000, (30 + 29 * i,), generator=g).tolist() for i in range(4)]
+
+    def run(policy: str, s: SglangServer) -> tuple:
+        sampling = {"max_new_tokens": 120, "temperature": 0.0, "ignore_eos": True}
+        out = s.post("/generate", {"input_ids": prompts, "sampling_params": sampling})
+        return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
+
+    runs = on_servers(servers, run)
+    (ids_builtin, st_builtin, _), (ids_own, st_own, log_own) = runs["h2o"], runs[SPEC]
+    assert st_own["tokens_evicted"] == st_builtin["tokens_evicted"] > 0
+    assert st_own["digest_victims"] == st_builtin["digest_victims"]
+    assert ids_own == ids_builtin
+    assert st_own["pages_reclaimed"] > 0 and st_own["position_mismatches"] == 0
+    assert f"scheduler tp_rank=0: vToken on: policy={SPEC} " in log_own  # the scheduler built it
+    assert "Traceback" not in log_own and "memory leak" not in log_own
