@@ -119,7 +119,7 @@ class Sim:
         width = int(t.live_len[rows].max())
         valid = torch.arange(width)[None, :] < t.live_len[rows][:, None]
         attn = synthetic_attention(
-            rows.to(torch.int64), t.logical[rows, :width].to(torch.int64), valid, t.logical_len[rows], self.step_no
+            rows.to(torch.int64), t.row_logical(rows, width).to(torch.int64), valid, t.logical_len[rows], self.step_no
         )
         self.policy.observe(t, rows, attn, prefill=prefill)
 

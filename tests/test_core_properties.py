@@ -1,7 +1,10 @@
-"""Property tests of the core: random interleavings of new requests, appends, evictions by every policy, reclaim
-plans (applied, stale, overlapping), request ends; real K/V tensors; every step checks I1-I4 and page accounting
-(including that every live token's K/V bytes are unchanged); at the end every page is free."""
+"""Property tests of the core: random interleavings of new requests (some reading a shared prefix in tree pages),
+appends, evictions by every policy, reclaim plans (applied, stale, overlapping), copy-on-write of a row's prefix
+tokens out of the tree, request ends; real K/V tensors; every step checks I1-I4, page accounting and slot reader
+counts (including that every live token's K/V bytes are unchanged); at the end every page is free. The table's
+metadata is sized by the pool, whatever its rows and context."""
 
+import pytest
 import torch
 from core_helpers import MiniEngine, stamp
 from hypothesis import HealthCheck, settings
@@ -9,10 +12,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from vtoken_sglang.core.integrity import check_integrity
-from vtoken_sglang.core.pages import OutOfPages
+from vtoken_sglang.core.pages import TREE, OutOfPages
 from vtoken_sglang.policies import POLICIES, PolicyConfig, make_policy
 
 STATE_NAMES = ("h2o_acc", "tova_last", "sh_persist", "snap")
+TREE_PAGES, TREE_ROW = 5, 99  # a shared prefix of 5 pages in the tree; its K/V bytes are stamped as row 99's
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -31,6 +35,17 @@ class CoreMachine(RuleBasedStateMachine):
         self.free_rows = list(range(8))
         self.live_rows: list[int] = []
         self.seed = 0
+        P = self.eng.table.page_size
+        tree = self.eng.pool.alloc(TREE_PAGES, TREE)
+        self.tree_slots = (tree[:, None] * P + torch.arange(P)).flatten()
+        for buf in self.eng.kv:
+            buf[self.tree_slots] = stamp(torch.full_like(self.tree_slots, TREE_ROW), torch.arange(len(self.tree_slots)))
+        self.tree_len = torch.zeros(8, dtype=torch.int64)  # tokens of the shared prefix each row started with
+
+    def kv_stamp(self, rows: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
+        """The bytes of (row, logical): the tree's for a row's shared prefix tokens (copied or not)."""
+        shared = logical < self.tree_len[rows]
+        return stamp(torch.where(shared, TREE_ROW, rows), logical)
 
     def _rows(self, data, k=None):
         return sorted(
@@ -52,6 +67,46 @@ class CoreMachine(RuleBasedStateMachine):
             self.free_rows.insert(0, row)
             return
         self.live_rows.append(row)
+
+    @rule(prefix_pages=st.integers(1, TREE_PAGES), partial=st.integers(0, 3), own=st.integers(1, 20))
+    def new_request_on_the_shared_prefix(self, prefix_pages, partial, own):
+        """A request that starts with the tree's prefix (whole pages, and maybe part of the next, as SGLang's radix
+        cache matches), then writes tokens of its own."""
+        if not self.free_rows:
+            return
+        row = self.free_rows.pop(0)
+        n = prefix_pages * self.eng.table.page_size + (partial if prefix_pages < TREE_PAGES else 0)
+        t, r = self.eng.table, torch.tensor([row])
+        t.open_rows(r)
+        t.sync_new_tokens(r, torch.tensor([n]), self.tree_slots[:n])
+        self.tree_len[row] = n
+        self.live_rows.append(row)
+        try:
+            self.eng.write(r, torch.tensor([own]))
+        except OutOfPages:
+            pass
+
+    @precondition(lambda self: bool((self.tree_len > 0).any()))
+    @rule(data=st.data())
+    def copy_on_write(self, data):
+        """A row copies its live tokens that are still in tree pages into private pages of its own."""
+        t, P = self.eng.table, self.eng.table.page_size
+        row = data.draw(st.sampled_from([r for r in self.live_rows if self.tree_len[r] > 0] or [None]))
+        if row is None:
+            return
+        n = int(t.live_len[row])
+        cols = torch.nonzero(self.eng.pool.owner[t.slots[row, :n].to(torch.int64) // P] == TREE).flatten()
+        if cols.numel() == 0:
+            return
+        try:
+            pages = self.eng.pool.alloc((len(cols) + P - 1) // P, row, for_relocation=True)
+        except OutOfPages:
+            return
+        dst = (pages[:, None] * P + torch.arange(P)).flatten()[: len(cols)]
+        src = t.slots[row, cols].to(torch.int64)
+        for buf in self.eng.kv:
+            buf[dst] = buf[src]
+        t.apply_moves(torch.full_like(cols, row), cols, dst)
 
     @precondition(lambda self: self.live_rows)
     @rule(data=st.data(), n=st.integers(1, 6))
@@ -107,10 +162,11 @@ class CoreMachine(RuleBasedStateMachine):
         self.eng.close(row)
         self.live_rows.remove(row)
         self.free_rows.append(row)
+        self.tree_len[row] = 0
 
     @invariant()
     def integrity(self):
-        check_integrity(self.eng.table, self.eng.kv, stamp)
+        check_integrity(self.eng.table, self.eng.kv, self.kv_stamp)
 
     def teardown(self):
         """Every run ends with all requests closed and every page free."""
@@ -118,6 +174,8 @@ class CoreMachine(RuleBasedStateMachine):
             self.eng.close(row)
         self.eng.reclaimer.release_ready(force=True)
         check_integrity(self.eng.table)
+        assert int(self.eng.table.readers.sum()) == 0
+        self.eng.pool.free(torch.unique(self.tree_slots // self.eng.table.page_size))
         assert len(self.eng.pool.free_ids()) == self.eng.pool.num_pages
 
 
@@ -125,3 +183,18 @@ TestCore = CoreMachine.TestCase
 TestCore.settings = settings(
     max_examples=80, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+@pytest.mark.parametrize("rows, context", [(8, 512), (64, 8192), (512, 131072)])
+def test_metadata_is_bounded_by_the_pool(rows, context):
+    """The table's own metadata (every policy's state included) depends on the pool, not on rows x context: the
+    row store it is given (SGLang's req_to_token) is the engine's."""
+    from vtoken_sglang.core.pages import PagePool
+    from vtoken_sglang.core.token_table import TokenTable
+
+    pool = PagePool(1000, 16, device="meta")
+    store = torch.empty(rows, context, dtype=torch.int32, device="meta")
+    table = TokenTable(rows, context, pool, slots=store, state_names=STATE_NAMES)
+    per_slot = 4 + 4 + 4 * len(STATE_NAMES)  # logical, readers, one float32 per state
+    per_row = 8 + 8 + 1 + 8  # live_len, logical_len, active, row_key
+    assert table.metadata_bytes() == (1000 + 1) * 16 * per_slot + rows * per_row

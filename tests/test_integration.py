@@ -222,6 +222,18 @@ def test_no_leaks(naive_and_vtoken):
         assert "memory leak" not in r["log"] and "Traceback" not in r["log"]
 
 
+def test_metadata_is_sized_by_the_pool(naive_and_vtoken):
+    """SGLang gives these servers 2048 request rows of 32768 tokens (its defaults for this model and pool): the
+    row store is 256 MiB, the 16K-token KV pool 16 MiB. vToken's own device memory grows with the pool: a few
+    bytes per KV slot and per row, reported beside the pool's size and in the start-up log."""
+    for mode in ("naive", "vtoken"):
+        r = naive_and_vtoken[mode]
+        st = r["vtoken"]
+        assert 0 < st["vtoken_device_bytes"] < 0.02 * st["kv_pool_bytes"], st
+        assert st["vtoken_device_bytes"] < 2048 * 32768 * 4 / 1000  # the row store: 1000 times what vToken holds
+        assert "[vtoken] device memory: " in r["log"] and "max_running_requests=2048, context_len=32768" in r["log"]
+
+
 def test_integrity_checked_in_the_running_server(naive_and_vtoken):
     """conftest turns VTOKEN_SGLANG_CHECK_INTEGRITY on: every server checked its invariants during the load and
     at idle, and none failed (a failure raises in the scheduler and the server dies)."""

@@ -26,7 +26,7 @@ class HeavyHitters(Policy):
     state_names = ("hh",)
 
     def observe(self, table, rows, attn, prefill=False):
-        table.state["hh"][rows, : attn.shape[1]] += attn.to(torch.float32)
+        table.add_row_state("hh", rows, attn)
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
         return block.state["hh"]

@@ -50,7 +50,8 @@ def live_entries(table: TokenTable) -> tuple[torch.Tensor, torch.Tensor, torch.T
     valid = torch.arange(width, device=rows.device)[None, :] < table.live_len[rows][:, None]
     r_i, c = torch.nonzero(valid, as_tuple=True)
     r = rows[r_i]
-    return r, c, table.slots[r, c].to(torch.int64), table.logical[r, c].to(torch.int64)
+    slots = table.slots[r, c].to(torch.int64)
+    return r, c, slots, table.logical[slots].to(torch.int64)
 
 
 def check_integrity(
@@ -87,6 +88,8 @@ def check_integrity(
     priv_pages = owner >= 0
     _require(bool((counted[priv_pages] == live[priv_pages]).all()), "page live counts differ from the table")
     _require(len(torch.unique(slots[private])) == int(private.sum()), "a private slot is live twice (I2)")
+    readers = torch.zeros_like(table.readers).index_add_(0, slots, torch.ones_like(slots, dtype=table.readers.dtype))
+    _require(torch.equal(readers, table.readers), "slot reader counts differ from the rows")
     # ---- in flight and leaks
     _require(not bool(pool.in_flight[pages].any()), "a live entry points into a page in flight (I3)")
     empty_private = priv_pages & (live == 0)

@@ -51,6 +51,10 @@ class PagePool:
         self.in_flight = torch.zeros(num_pages + 1, dtype=torch.bool, device=self.device)
         self._free = torch.arange(1, num_pages + 1, dtype=torch.int64, device=self.device)
 
+    def metadata_bytes(self) -> int:
+        """Device bytes of the per-page arrays (live counts, owners, in-flight marks, the free list)."""
+        return sum(t.numel() * t.element_size() for t in (self.live, self.owner, self.in_flight, self._free))
+
     # ------------------------------------------------------------------ free list
 
     def num_free(self, for_relocation: bool = False) -> int:

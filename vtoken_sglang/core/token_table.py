@@ -1,19 +1,28 @@
-"""The Token Table: per request, its live KV entries in logical order; per page, live counts (``PagePool``).
+"""The Token Table: per request, its live KV entries in logical order; per KV slot, the metadata of the token in
+it; per page, live counts (``PagePool``).
 
-Row ``r`` (one request) holds, in columns ``0 .. live_len[r]-1``::
+Row ``r`` (one request) holds, in columns ``0 .. live_len[r]-1``, the physical KV slots of its live tokens::
 
-    slots[r, j]        physical KV slot of the j-th live token      (this is SGLang's ``req_to_token[r, j]``)
-    logical[r, j]      its logical position (RoPE position), strictly increasing in j
-    state[name][r, j]  row-aligned policy state (e.g. accumulated attention), moved with the entry
+    slots[r, j]          physical KV slot of the j-th live token      (this is SGLang's ``req_to_token[r, j]``)
 
-and ``logical_len[r]`` is the next logical position (prompt + generated so far). Columns past ``live_len[r]`` are
-garbage. Invariants (checked by ``integrity.check_integrity``):
+and each slot ``s`` read by some row holds the metadata of its token, read through the rows like the K/V::
+
+    logical[s]           its logical position (RoPE position); strictly increasing along each row
+    state[name][s]       policy state (e.g. accumulated attention); 0 when the token gets its first reader
+    readers[s]           how many active rows hold ``s`` among their live entries
+
+so vToken's metadata is sized by the KV pool (``pool_slots``), not by rows x context. ``logical_len[r]`` is the
+next logical position (prompt + generated so far). Columns past ``live_len[r]`` are garbage. A slot of a shared
+prefix (a radix-tree page) is read by several rows: its logical position is the same for all (a prefix starts at
+position 0), and its policy state is one for all, folding the attention of every reader since it got its first.
+Invariants (checked by ``integrity.check_integrity``):
 
 - a private page's live count equals the number of live entries of its owner in it; a page whose count reaches 0
-  is freed at once (that alone is Naive-Evict);
+  is freed at once (that alone is Naive-Evict); ``readers[s]`` counts the live entries that hold ``s``;
 - the newest token of a request (its last column) is never evicted, so its page, the *tail page* that the next
   token is written into at ``slots[r, live_len-1] + 1``, stays owned by the request while it lives;
-- eviction changes metadata only; relocation (``apply_moves``) changes slots, never logical ids or order.
+- eviction changes the rows only; relocation (``apply_moves``) changes slots and carries their metadata to the
+  new slots, never changing logical ids or order.
 
 All operations are batched over requests and vectorized (no per-token Python loop).
 """
@@ -36,7 +45,7 @@ class TokenTable:
         state_names: tuple[str, ...] = (),
     ):
         """``slots``: an existing int32 ``[num_rows, max_context]`` tensor to use as the row store (SGLang's
-        ``req_to_token``); a new one is made otherwise."""
+        ``req_to_token``); a new one is made otherwise. Per-slot metadata covers the pool's pages 0..num_pages."""
         dev = pages.device
         self.pages = pages
         self.page_size = pages.page_size
@@ -44,12 +53,53 @@ class TokenTable:
         self.max_context = max_context
         self.slots = slots if slots is not None else torch.zeros(num_rows, max_context, dtype=torch.int32, device=dev)
         assert self.slots.shape == (num_rows, max_context)
-        self.logical = torch.zeros(num_rows, max_context, dtype=torch.int32, device=dev)
-        self.state = {name: torch.zeros(num_rows, max_context, dtype=torch.float32, device=dev) for name in state_names}
+        self.pool_slots = (pages.num_pages + 1) * self.page_size
+        self.logical = torch.zeros(self.pool_slots, dtype=torch.int32, device=dev)
+        self.readers = torch.zeros(self.pool_slots, dtype=torch.int32, device=dev)
+        self.state = {name: torch.zeros(self.pool_slots, dtype=torch.float32, device=dev) for name in state_names}
         self.live_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         self.logical_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         self.active = torch.zeros(num_rows, dtype=torch.bool, device=dev)
         self.row_key = torch.arange(num_rows, dtype=torch.int64, device=dev)  # per-request identity for policies
+
+    def metadata_bytes(self) -> int:
+        """Device bytes of vToken's own per-slot and per-row metadata (the row store is the engine's)."""
+        tensors = [self.logical, self.readers, *self.state.values(), self.live_len, self.logical_len, self.active]
+        return sum(t.numel() * t.element_size() for t in tensors + [self.row_key])
+
+    # ------------------------------------------------------------------ reading metadata through the rows
+
+    def valid(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]``: which columns of ``rows`` are live entries."""
+        return torch.arange(width, device=rows.device)[None, :] < self.live_len[rows][:, None]
+
+    def row_slots(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` int64 slots of ``rows``; past a row's live length, slot 0 (the padding page's)."""
+        return torch.where(self.valid(rows, width), self.slots[rows, :width].to(torch.int64), 0)
+
+    def logical_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logical ids of the live entries ``(rows[i], cols[i])``."""
+        return self.logical[self.slots[rows, cols].to(torch.int64)]
+
+    def row_logical(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` logical ids of ``rows``' live entries (garbage past each live length)."""
+        return self.logical[self.row_slots(rows, width)]
+
+    def row_state(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` policy state of ``rows``' live entries; 0 past each live length."""
+        return torch.where(self.valid(rows, width), self.state[name][self.row_slots(rows, width)], 0.0)
+
+    def set_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
+        ignored). A slot shared by several of ``rows`` (a tree prefix) must be given one value by all of them."""
+        valid = self.valid(rows, values.shape[1])
+        self.state[name][self.row_slots(rows, values.shape[1])[valid]] = values[valid].to(torch.float32)
+
+    def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
+        sum of their values."""
+        valid = self.valid(rows, values.shape[1])
+        self.state[name].index_add_(0, self.row_slots(rows, values.shape[1])[valid], values[valid].to(torch.float32))
 
     # ------------------------------------------------------------------ request lifetime
 
@@ -66,8 +116,9 @@ class TokenTable:
         """End a request: drop its entries and return the private pages it held (the caller frees them, after
         whatever grace its engine needs). Tree pages are left to the tree."""
         n = int(self.live_len[row])
-        slots = self.slots[row, :n]
-        pages = torch.unique((slots // self.page_size).to(torch.int64))
+        slots = self.slots[row, :n].to(torch.int64)
+        self.readers.index_add_(0, slots, torch.full_like(slots, -1, dtype=torch.int32))
+        pages = torch.unique(slots // self.page_size)
         pages = pages[self.pages.owner[pages] == row]
         self.pages.live[pages] = 0
         self.active[row] = False
@@ -138,10 +189,12 @@ class TokenTable:
         col = self.live_len[r]
         # checked on the device (no host read in the per-step path; on CPU it raises at once)
         torch._assert_async(col.max() < self.max_context, "row overflow")
-        self.logical[r, col] = self.logical_len[r].to(torch.int32)
+        new_slots = self.slots[r, col].to(torch.int64)  # fresh slots of the rows' own pages: no reader yet
+        self.logical[new_slots] = self.logical_len[r].to(torch.int32)
+        self.readers[new_slots] = 1
         for t in self.state.values():
-            t[r, col] = 0
-        pages = self.slots[r, col].to(torch.int64) // self.page_size
+            t[new_slots] = 0
+        pages = new_slots // self.page_size
         owner, r32 = self.pages.owner[pages], r.to(torch.int32)
         owner = torch.where(owner == FREE, r32, owner)
         torch._assert_async((owner == r32).all(), "a decode token in a page of another owner")
@@ -153,11 +206,13 @@ class TokenTable:
 
     def _register(self, r: torch.Tensor, col: torch.Tensor, logical: torch.Tensor, claim_pages: bool) -> None:
         """Entries ``(r[j], col[j])`` (already holding their slots) become live tokens with logical ids ``logical``;
-        per-token policy state starts at 0; their pages gain a live token each."""
+        a slot's policy state starts at 0 when it gets its first reader; their pages gain a live token each."""
         new_slots = self.slots[r, col].to(torch.int64)
-        self.logical[r, col] = logical.to(torch.int32)
+        self.logical[new_slots] = logical.to(torch.int32)
+        first = new_slots[self.readers[new_slots] == 0]
         for t in self.state.values():
-            t[r, col] = 0
+            t[first] = 0
+        self.readers.index_add_(0, new_slots, torch.ones_like(new_slots, dtype=torch.int32))
         if claim_pages:
             pages = new_slots // self.page_size
             untracked = self.pages.owner[pages] == -1
@@ -182,36 +237,45 @@ class TokenTable:
         keep[inverse, cols] = False
         assert int(self.live_len[affected].sum() - keep.sum()) == len(cols), "duplicate victims"
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept columns first, in order
-        for store in (self.slots, self.logical, *self.state.values()):
-            block = store[affected, :width]
-            store[affected, :width] = torch.gather(block, 1, order)
+        self.slots[affected, :width] = torch.gather(self.slots[affected, :width], 1, order)
         self.live_len[affected] = keep.sum(1)
+        self.readers.index_add_(0, victims, torch.full_like(victims, -1, dtype=torch.int32))
         return self.pages.add_live(victims, -1)
 
     def evict_token(self, row: int, logical_id: int) -> torch.Tensor:
         """The paper's single-token API: evict the token with logical id ``logical_id`` of request ``row``."""
         n = int(self.live_len[row])
-        col = int(torch.searchsorted(self.logical[row, :n].contiguous(), torch.tensor(logical_id, dtype=torch.int32)))
-        assert col < n and int(self.logical[row, col]) == logical_id, "token is not live"
+        logical = self.row_logical(torch.tensor([row], device=self.slots.device), n)[0]
+        col = int(torch.searchsorted(logical.contiguous(), torch.tensor(logical_id, dtype=torch.int32)))
+        assert col < n and int(logical[col]) == logical_id, "token is not live"
         return self.evict(torch.tensor([row]), torch.tensor([col]))
 
     # ------------------------------------------------------------------ relocation (internal)
 
     def apply_moves(self, rows: torch.Tensor, cols: torch.Tensor, new_slots: torch.Tensor) -> None:
         """Publish a relocation: the entries at ``(rows, cols)`` now live at ``new_slots`` (their K/V already
-        copied there). Live counts move from old to new pages; logical ids and order are unchanged. The old
-        pages are not freed here: the reclaimer releases them after the grace period."""
+        copied there, into fresh slots). Live counts move from old to new pages; the metadata of each old slot is
+        copied to its new one (an old slot of the tree keeps its own for its other readers); logical ids and order
+        are unchanged. The old pages are not freed here: the reclaimer releases them after the grace period."""
         rows, cols = rows.to(torch.int64), cols.to(torch.int64)
         old = self.slots[rows, cols].to(torch.int64)
+        new = new_slots.to(torch.int64)
+        self.logical[new] = self.logical[old]
+        for t in self.state.values():
+            t[new] = t[old]
+        self.readers[new] = 1
+        self.readers.index_add_(0, old, torch.full_like(old, -1, dtype=torch.int32))
         self.pages.add_live(old, -1)
-        self.slots[rows, cols] = new_slots.to(self.slots.dtype)
-        self.pages.add_live(new_slots.to(torch.int64), +1)
+        self.slots[rows, cols] = new.to(self.slots.dtype)
+        self.pages.add_live(new, +1)
 
     # ------------------------------------------------------------------ views
 
     def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live slots of ``row`` and their logical ids."""
         n = int(self.live_len[row])
-        return self.slots[row, :n], self.logical[row, :n]
+        slots = self.slots[row, :n]
+        return slots, self.logical[slots.to(torch.int64)]
 
     def tail_pages(self) -> torch.Tensor:
         """Page of the newest token of every active request (the page its next token is written into)."""

@@ -88,7 +88,7 @@ def _trim(rt, batch, ending: set) -> bool:
     rows = torch.from_numpy(host_rows[over_mask]).to(table.slots.device)
     vr, vc = rt.policy.select_victims(table, rows)
     if vr.numel():
-        rt.stats.fold("victims", table.row_key[vr], table.logical[vr, vc])
+        rt.stats.fold("victims", table.row_key[vr], table.logical_at(vr, vc))
         rt.pool.free(table.evict(vr, vc))
         rt.stats.tokens_evicted += int(vr.numel())
     return True

@@ -75,7 +75,7 @@ class PrefixCow:
                 continue  # the lock does not cover exactly the protected prefix: leave the request alone
             row = req.kv.req_pool_idx
             n = int(self.table.live_len[row])
-            logical = self.table.logical[row, :n].contiguous()
+            logical = self.table.row_logical(torch.tensor([row], device=self.table.slots.device), n)[0].contiguous()
             bounds = torch.tensor(
                 [p.path_start for p in path] + [path[-1].path_end], dtype=logical.dtype, device=logical.device
             )

@@ -55,6 +55,10 @@ class RequestRows:
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
 
+    def device_bytes(self) -> int:
+        """Device bytes of the per-row position offsets (the host mirrors are host memory)."""
+        return self.offset.numel() * self.offset.element_size()
+
     def is_managed(self, row: int) -> bool:
         return self.n_managed > 0 and bool(self.host_active[row])
 

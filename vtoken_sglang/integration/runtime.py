@@ -44,6 +44,18 @@ FENCE_SEED = int(os.environ.get("VTOKEN_SGLANG_FENCE_SEED", "0"))
 RELOCATION_RESERVE = 2
 
 
+def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
+    """Device memory vToken allocates beside SGLang's pools: the Token Table's per-slot and per-row metadata, the
+    page pool's per-page arrays, the rows' position offsets. (The row store is SGLang's ``req_to_token``.)"""
+    return table.metadata_bytes() + pool.metadata_bytes() + rows.device_bytes()
+
+
+def kv_pool_bytes(kv_pool) -> int:
+    """Bytes of SGLang's K/V pool (its own count: K and V, scale buffers included)."""
+    size = kv_pool.get_kv_size_bytes()
+    return int(sum(size)) if isinstance(size, tuple) else int(size)
+
+
 class VTokenRuntime:
     """One scheduler's vToken state; every part is built here, from what the constructor is given."""
 
@@ -85,6 +97,8 @@ class VTokenRuntime:
         )
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
+        self.device_bytes = device_bytes(self.table, self.pool, self.rows)
+        self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(
             list(kv_pool.k_buffer) + list(kv_pool.v_buffer), producer, FENCE_DELAY, hash((FENCE_SEED, tp.rank))
@@ -200,6 +214,8 @@ class VTokenRuntime:
             "resident_dead_tokens": int(pool.used_pages() * self.page_size - pool.live[tracked].sum()),
             "pending_pages": self.reclaimer.pending_pages(),
             "reserved_pages": self.pool.reserved_pages(),
+            "vtoken_device_bytes": self.device_bytes,
+            "kv_pool_bytes": self.kv_pool_bytes,
             **self.stats.as_dict(with_tree=self.tree is not None),
             **(self.scores.metrics() if self.scores is not None else {}),
             **self.reclaimer.stats.as_dict(),

@@ -31,6 +31,12 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
     rt = VTokenRuntime.from_scheduler(scheduler, cfg, score_dump=report_hooks.SCORE_DUMP is not None)
     runtime.RUNTIME = rt
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
+    logger.info(
+        "[vtoken] device memory: %.3f MB of metadata beside a KV pool of %.3f GB (%.3f%%)",
+        rt.device_bytes / 2**20,
+        rt.kv_pool_bytes / 2**30,
+        100 * rt.device_bytes / max(rt.kv_pool_bytes, 1),
+    )
 
 
 def get_next_batch_to_run(scheduler, running_batch=None, last_batch=None, *args, **kwargs) -> None:

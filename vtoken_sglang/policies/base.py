@@ -72,15 +72,14 @@ class RowBlock:
 
 def row_block(table: TokenTable, rows: torch.Tensor) -> RowBlock:
     width = max(int(table.live_len[rows].max()), 1)
-    valid = torch.arange(width, device=rows.device)[None, :] < table.live_len[rows][:, None]
     return RowBlock(
         rows,
         table.row_key[rows],
-        valid,
-        table.logical[rows, :width].to(torch.int64),
+        table.valid(rows, width),
+        table.row_logical(rows, width).to(torch.int64),
         table.logical_len[rows],
         table.live_len[rows],
-        {k: v[rows, :width] for k, v in table.state.items()},
+        {name: table.row_state(name, rows, width) for name in table.state},
     )
 
 

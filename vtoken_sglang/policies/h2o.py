@@ -12,8 +12,7 @@ class H2OPolicy(Policy):
     state_names = ("h2o_acc",)
 
     def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
-        width = attn.shape[1]
-        table.state["h2o_acc"][rows, :width] += attn.to(torch.float32)
+        table.add_row_state("h2o_acc", rows, attn)
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
         return block.state["h2o_acc"].to(torch.float64)

@@ -18,12 +18,11 @@ class ScissorhandsPolicy(Policy):
 
     def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
         width = attn.shape[1]
-        valid = torch.arange(width, device=attn.device)[None, :] < table.live_len[rows][:, None]
+        valid = table.valid(rows, width)
         mean = (attn * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp(min=1)
         hit = ((attn >= mean) & valid).to(torch.float32)
         decay = 1.0 - 1.0 / self.cfg.history
-        block = table.state["sh_persist"][rows, :width]
-        table.state["sh_persist"][rows, :width] = block * decay + hit
+        table.set_row_state("sh_persist", rows, table.row_state("sh_persist", rows, width) * decay + hit)
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
         return block.state["sh_persist"].to(torch.float64)

@@ -22,7 +22,7 @@ class SnapKVPolicy(Policy):
         pooled = torch.nn.functional.max_pool1d(attn[:, None, :].to(torch.float32), k, stride=1, padding=k // 2)[
             :, 0, : attn.shape[1]
         ]
-        table.state["snap"][rows, : attn.shape[1]] = pooled + 1.0  # +1: scored prompt tokens rank above unscored 0
+        table.set_row_state("snap", rows, pooled + 1.0)  # +1: scored prompt tokens rank above unscored 0
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
         # unscored (generated) tokens rank above every prompt token but below protected ones (which the driver sets

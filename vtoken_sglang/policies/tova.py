@@ -12,8 +12,7 @@ class TOVAPolicy(Policy):
     state_names = ("tova_last",)
 
     def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
-        width = attn.shape[1]
-        table.state["tova_last"][rows, :width] = attn.to(torch.float32)
+        table.set_row_state("tova_last", rows, attn)
 
     def keep_score(self, block: RowBlock) -> torch.Tensor:
         return block.state["tova_last"].to(torch.float64)
