@@ -26,6 +26,14 @@ runs every mode once, in a rotated order), so the drift of a shared machine fall
 - ``copy_ms/step``: relocation copies issued per decode step.
 Targets: hooks-only costs < 1% throughput versus plain SGLang (read with ``spread``; the direct figure is
 ``hook_ms/step`` over ``step_ms``); with the worker, planning inside the loop < 0.2 ms per decode step.
+
+``--sweep [N ...]`` (default 16 64 256): how vToken's host time grows with the batch. Three servers (a pool that
+holds every request whole): ``hooks``; ``inline`` (random, ratio 0.5, reclaim on); and ``inline`` again with its
+device-to-host reads counted (``VTOKEN_SGLANG_COUNT_HOST_READS=1``: the counting slows the hooks, so the times come
+from the first two). For each N: N requests x (``--input-len`` 32, ``--output-len`` 192) sent at once, and per
+mode: the decode step (SGLang's log), vToken's hook time per decode step and per request-step (one request in one
+decode step), the reads per step. Targets: with eviction and reclaim, <= 0.5 ms per decode step at 16 and per
+request-step at 256 within 1.5 x its value at 16; hooks-only < 1% of the step at every N.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from serve_bench import dash, decode_step_ms, finish, random_prompts  # noqa: E402
 
-from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
+from vtoken_sglang.serving import SglangServer, default_server_args, started_together  # noqa: E402
 from vtoken_sglang.tiny_model import build  # noqa: E402
 
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
@@ -84,8 +92,12 @@ def one_load(server: SglangServer, batch: list[list[int]], output_len: int) -> t
     return sum(len(o["output_ids"]) for o in outs) / (time.monotonic() - t0), [o["output_ids"] for o in outs]
 
 
+def vtoken_state(server: SglangServer) -> dict:
+    return server.get("/get_server_info")["internal_states"][0].get("vtoken") or {}
+
+
 def vtoken_counters(server: SglangServer) -> dict[str, float]:
-    state = server.get("/get_server_info")["internal_states"][0].get("vtoken") or {}
+    state = vtoken_state(server)
     return {k: float(state.get(k, 0.0)) for k in COUNTERS}
 
 
@@ -146,6 +158,76 @@ def summarize(mode: str, args, tputs: list[float], before: dict, after: dict, lo
     }
 
 
+SWEEP_MODES = {"hooks": MODES["hooks"], "inline": MODES["inline"], "inline_reads": MODES["inline"]}
+
+
+def run_sweep(model: str, sizes: list[int], args) -> list[dict]:
+    """One server per sweep mode, up together; each size's load runs on each server in turn (after a warm-up)."""
+    out, servers = [], {}
+    for mode, extra in SWEEP_MODES.items():
+        flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "40"]
+        env = {"VTOKEN_SGLANG_COUNT_HOST_READS": "1"} if mode == "inline_reads" else None
+        servers[mode] = SglangServer(model, flags + extra, env=env)
+    with started_together(*servers.values()):
+        for s in servers.values():
+            one_load(s, random_prompts(8, args.input_len, seed=99), 48)  # warm-up
+        for n in sizes:
+            batch = random_prompts(n, args.input_len, seed=n)
+            for mode, s in servers.items():
+                before, log_at = vtoken_state(s), len(s.log_text())
+                _, ids = one_load(s, batch, args.output_len)
+                after = vtoken_state(s)
+                steps = after["decode_steps"] - before["decode_steps"]
+                req_steps = sum(len(o) - 1 for o in ids)  # the first token of each comes from its prefill
+                step_ms = decode_step_ms(s.log_text()[log_at:])
+                rec = {"mode": mode, "requests": n, "decode_steps": steps, "request_steps": req_steps}
+                rec["step_ms"] = round(step_ms[len(step_ms) // 2], 3) if step_ms else None
+                hook = after["hook_ms"] - before["hook_ms"]
+                rec["hook_ms_per_step"] = round(hook / steps, 4)
+                rec["hook_us_per_request_step"] = round(1e3 * hook / req_steps, 3)
+                if mode == "inline_reads":
+                    rec["host_reads_per_step"] = after["host_reads_per_step"]  # over the server's life so far
+                    rec["host_reads_quiet_max"] = after["host_reads_quiet_max"]
+                    rec["host_reads_busy_max"] = after["host_reads_busy_max"]
+                rec["tokens_evicted"] = after["tokens_evicted"] - before["tokens_evicted"]
+                rec["_ids"] = ids
+                out.append(rec)
+                print(f"[overhead] sweep {mode} {n}: {rec}", file=sys.stderr, flush=True)
+    return out
+
+
+def print_sweep(runs: list[dict], args) -> None:
+    print(
+        f"overhead sweep: N requests x ({args.input_len} in, {args.output_len} out) at once, page 16, "
+        f"--max-total-tokens {args.max_total_tokens}; inline = random, ratio 0.5, reclaim on"
+    )
+    hdr = f"{'N':>5}{'mode':>8}{'step_ms':>9}{'hook_ms/st':>11}{'% of step':>10}{'hook_us/req-st':>15}{'reads/st':>9}"
+    print(hdr + "\n" + "-" * len(hdr))
+    by = {(r["mode"], r["requests"]): r for r in runs}
+    for n in sorted({r["requests"] for r in runs}):
+        reads = by[("inline_reads", n)]["host_reads_per_step"]
+        for mode in ("hooks", "inline"):
+            r = by[(mode, n)]
+            share = r["hook_ms_per_step"] / r["step_ms"] if r["step_ms"] else None
+            r["hook_share_of_step"] = round(share, 5) if share is not None else None
+            print(
+                f"{n:>5}{mode:>8}{dash(r['step_ms'], '.2f'):>9}{r['hook_ms_per_step']:>11.3f}{dash(share, '.2%'):>10}"
+                f"{r['hook_us_per_request_step']:>15.2f}{(dash(reads, '.2f') if mode == 'inline' else '-'):>9}"
+            )
+    sizes = sorted({r["requests"] for r in runs})
+    lo, hi = by[("inline", sizes[0])], by[("inline", sizes[-1])]
+    growth = hi["hook_us_per_request_step"] / lo["hook_us_per_request_step"]
+    worst = max(by[("hooks", n)].get("hook_share_of_step") or 0 for n in sizes)
+    same = all(by[("inline", n)]["_ids"] == by[("inline_reads", n)]["_ids"] for n in sizes)
+    print(
+        f"inline at {sizes[0]}: {lo['hook_ms_per_step']:.3f} ms per decode step (target <= 0.5: "
+        f"{'met' if lo['hook_ms_per_step'] <= 0.5 else 'MISSED'}); per request-step at {sizes[-1]} / at {sizes[0]}: "
+        f"{growth:.2f} x (target <= 1.5: {'met' if growth <= 1.5 else 'MISSED'}); hooks-only at most {worst:.2%} of "
+        f"a step (target < 1%: {'met' if worst < 0.01 else 'MISSED'}); counted and uncounted inline outputs "
+        f"identical: {'yes' if same else 'NO'}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 x (64 in, 256 out), 3 repeats")
@@ -156,7 +238,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-total-tokens", type=int, default=65536)
+    ap.add_argument("--sweep", type=int, nargs="*", help="batch sizes for the sweep (default 16 64 256)")
     args = ap.parse_args(argv)
+    if args.sweep is not None:
+        sizes = args.sweep or [16, 64, 256]
+        defaults = ap.parse_args([])
+        if args.input_len == defaults.input_len and args.output_len == defaults.output_len:
+            args.input_len, args.output_len = 32, 192
+        if args.max_total_tokens == defaults.max_total_tokens:
+            args.max_total_tokens = max(sizes) * (args.input_len + args.output_len + 16) * 3 // 2 // 16 * 16
+        t0 = time.monotonic()
+        runs = run_sweep(str(build()), sizes, args)
+        print_sweep(runs, args)
+        return finish(t0, runs, args.json)
     if args.quick:
         args.requests, args.input_len, args.output_len, args.repeats = 16, 64, 256, 3
     model = str(build())

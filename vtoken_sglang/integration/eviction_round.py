@@ -15,8 +15,10 @@ prepared; the same point with and without SGLang's overlap scheduler), over the 
    every N-th round (``VTOKEN_SGLANG_CHECK_INTEGRITY``);
 7. ``planning.end_step``: a snapshot for the worker, at its cadence; the step's page accounting (free pages,
    pending pages, plans applied) is folded into ``digest_accounting``, compared across TP ranks.
-Steps 4-6 run only in a round that trimmed some request. Requests whose queued result ends them by length (the
-overlap scheduler's, ``ending``) are left alone: the results would have finished them.
+Steps 4-6 run only in a round that trimmed some request, and step 6 writes only the trimmed requests' lengths
+(the others' are unchanged: a decode step adds one token to both their live and logical lengths). Requests whose
+queued result ends them by length (the overlap scheduler's, ``ending``) are left alone: the results would have
+finished them.
 """
 
 from __future__ import annotations
@@ -40,14 +42,15 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
         return
     rt.planning.begin_round()
     try:
-        if _trim(rt, batch, ending):
+        trimmed = _trim(rt, batch, ending)
+        if trimmed.size:
             if rt.cow is not None and rt.stats.rounds % COW_EVERY == 0:
                 # requests ending now are no candidates, but lock their paths until their results land
                 staying = [r for r in batch.reqs if id(r) not in ending]
                 going = [r for r in batch.reqs if id(r) in ending]
                 rt.cow.step(staying, [*lock_holders, *going])
             rt.planning.plan_now()
-            rt.rows.write_lengths(batch)
+            rt.rows.write_lengths(batch, trimmed)
             rt.stats.rounds += 1
             rt.sample_pages()
             rt.integrity.after_round()
@@ -60,24 +63,26 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
         )
 
 
-def _trim(rt, batch, ending: set) -> bool:
-    """Steps 2-3, vectorized over the batch. Returns whether some request was over budget. Whether one is, is
-    decided on the host (SGLang's host lengths and the rows' host offsets): a round that trims nothing reads
-    nothing from the device."""
+def _trim(rt, batch, ending: set) -> np.ndarray:
+    """Steps 2-3, vectorized over the batch. Returns the batch positions of the requests trimmed (over budget +
+    slack). Which are is decided on the host (SGLang's host lengths and the rows' host offsets), and only those are
+    looked at one by one: a round that trims nothing reads nothing from the device and loops over no request."""
     host_rows = host_array(batch.req_pool_indices_cpu)
     live = host_array(batch.seq_lens_cpu).astype(np.int64)
-    running = np.fromiter(
-        (not r.finished() and id(r) not in ending for r in batch.reqs), dtype=bool, count=len(batch.reqs)
-    )
     if rt.scores is not None:
+        running = np.fromiter(
+            (not r.finished() and id(r) not in ending for r in batch.reqs), dtype=bool, count=len(batch.reqs)
+        )
         rows = batch.req_pool_indices.to(torch.int64)
         on_device = torch.from_numpy(running).to(rows.device)
         rt.scores.observe_decode(batch, rows, batch.seq_lens.to(torch.int64), on_device)
     logical = live + rt.rows.host_offset[host_rows]
-    over_mask = running & (live > on_host(rt.policy.budget, logical) + rt.policy.cfg.slack)
-    if not over_mask.any():
-        return False
-    over = [batch.reqs[i] for i in np.flatnonzero(over_mask)]
+    at = np.flatnonzero(live > on_host(rt.policy.budget, logical) + rt.policy.cfg.slack)
+    if at.size:  # requests that ended (or end with the pending result) are left alone
+        at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in ending for i in at.tolist()]]
+    if not at.size:
+        return at
+    over = [batch.reqs[i] for i in at.tolist()]
     new = [r for r in over if not rt.rows.is_managed(r.kv.req_pool_idx)]
     if new:
         rt.rows.manage(new)
@@ -85,13 +90,13 @@ def _trim(rt, batch, ending: set) -> bool:
     if first:
         rt.rows.mark_compacted(first)
     table = rt.table
-    rows = torch.from_numpy(host_rows[over_mask]).to(table.slots.device)
+    rows = torch.from_numpy(host_rows[at]).to(table.slots.device)
     vr, vc = rt.policy.select_victims(table, rows)
     if vr.numel():
         rt.stats.fold("victims", table.row_key[vr], table.logical_at(vr, vc))
         rt.pool.free(table.evict(vr, vc))
         rt.stats.tokens_evicted += int(vr.numel())
-    return True
+    return at
 
 
 def _activity(rt) -> tuple:

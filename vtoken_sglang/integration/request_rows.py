@@ -135,29 +135,29 @@ class RequestRows:
         rows = batch.req_pool_indices if n == len(host_rows) else torch.from_numpy(mine).to(self.req_to_token.device)
         self.table.sync_decode_tokens(rows.to(torch.int64))
 
-    def write_lengths(self, batch) -> None:
-        """Write the Token Table's live lengths into the batch and its requests (the rows already hold the live
-        slots), and each managed row's position offset."""
-        host_rows = host_array(batch.req_pool_indices_cpu)
-        host_managed = self.host_active[host_rows]
-        if not host_managed.any():
-            return
-        rows = batch.req_pool_indices.to(torch.int64)
-        managed = self.table.active[rows]
-        table_live = self.table.live_len[rows]
-        live = torch.where(managed, table_live, batch.seq_lens.to(torch.int64))
-        offset = torch.where(managed, self.table.logical_len[rows] - table_live, self.offset[rows])
-        # rows are distinct; torch.where, not boolean indexing (a parallel region per call on shared cores)
+    def write_lengths(self, batch, at: np.ndarray) -> None:
+        """The requests at batch positions ``at`` (managed) were trimmed: write their live lengths from the Token
+        Table into the batch and into them (their rows already hold the live slots), and their position offsets.
+        The batch's length tensors are replaced, not written in place (a forward in flight may still read them)."""
+        host_rows = host_array(batch.req_pool_indices_cpu)[at]
+        dev = self.req_to_token.device
+        rows = torch.from_numpy(host_rows).to(dev)
+        live = self.table.live_len[rows]
+        offset = self.table.logical_len[rows] - live
         self.offset[rows] = offset
-        batch.seq_lens = live.to(batch.seq_lens.dtype)
-        batch.orig_seq_lens = live.to(batch.orig_seq_lens.dtype)
+        idx = torch.from_numpy(at).to(batch.seq_lens.device)
+        for name in ("seq_lens", "orig_seq_lens"):
+            lens = getattr(batch, name).clone()
+            lens[idx] = live.to(lens.dtype)
+            setattr(batch, name, lens)
         batch.seq_lens_sum = None
         host = torch.stack([live, offset]).cpu().numpy()  # the one read of the step: lengths the host needs
-        batch.seq_lens_cpu = torch.from_numpy(host[0].copy()).to(batch.seq_lens_cpu.dtype)
+        lens_cpu = batch.seq_lens_cpu.clone()
+        lens_cpu[torch.from_numpy(at)] = torch.from_numpy(host[0]).to(lens_cpu.dtype)
+        batch.seq_lens_cpu = lens_cpu
         self.host_offset[host_rows] = host[1]
-        for req, n, m in zip(batch.reqs, host[0].tolist(), host_managed.tolist()):
-            if m:
-                req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+        for i, n in zip(at.tolist(), host[0].tolist()):
+            batch.reqs[i].kv.kv_committed_len = batch.reqs[i].kv.kv_allocated_len = n
 
     def position_offset(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
         """Logical position minus live position per row (0 for unmanaged rows)."""
