@@ -192,7 +192,8 @@ def run_sweep(model: str, sizes: list[int], args) -> list[dict]:
                 rec["tokens_evicted"] = after["tokens_evicted"] - before["tokens_evicted"]
                 rec["_ids"] = ids
                 out.append(rec)
-                print(f"[overhead] sweep {mode} {n}: {rec}", file=sys.stderr, flush=True)
+                shown = {k: v for k, v in rec.items() if not k.startswith("_")}
+                print(f"[overhead] sweep {mode} {n}: {shown}", file=sys.stderr, flush=True)
     return out
 
 

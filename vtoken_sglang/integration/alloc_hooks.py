@@ -73,8 +73,10 @@ def new_tokens_required_next_decode(original, batch, selected_indices=None):
 def release_kv_cache(original, req, tree_cache, *args, **kwargs):
     """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
     rt = runtime.RUNTIME
-    if rt is not None and req.kv.req_pool_idx is not None and rt.rows.is_managed(req.kv.req_pool_idx):
-        rt.rows.release(req)
+    if rt is not None and req.kv.req_pool_idx is not None:
+        rt.rows.forget(req.kv.req_pool_idx)
+        if rt.rows.is_managed(req.kv.req_pool_idx):
+            rt.rows.release(req)
     return original(req, tree_cache, *args, **kwargs)
 
 

@@ -23,18 +23,21 @@ finished them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Set
+
 import numpy as np
 import torch
 
 from vtoken_sglang.integration import host_reads
-from vtoken_sglang.integration.host_reads import host_array, on_host
+from vtoken_sglang.integration.host_reads import host_array
 
 COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
 
 
-def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> None:
+def run_round(rt, batch, lock_holders: list = (), ending: Callable[[], Set[int]] = frozenset) -> None:
     """The round over ``batch`` (``rt``: the ``VTokenRuntime``). ``lock_holders``: requests outside the batch that
-    may hold a radix-tree lock (the one being chunked). ``ending``: ids of requests whose pending result ends them."""
+    may hold a radix-tree lock (the one being chunked). ``ending()``: ids of requests whose pending result ends
+    them (asked only in a round where some request may be over budget)."""
     if host_reads.ENABLED:
         host_reads.HOST_READS.end_step(_activity(rt))
     rt.stats.decode_steps += 1
@@ -46,8 +49,8 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
         if trimmed.size:
             if rt.cow is not None and rt.stats.rounds % COW_EVERY == 0:
                 # requests ending now are no candidates, but lock their paths until their results land
-                staying = [r for r in batch.reqs if id(r) not in ending]
-                going = [r for r in batch.reqs if id(r) in ending]
+                staying = [r for r in batch.reqs if id(r) not in ending()]
+                going = [r for r in batch.reqs if id(r) in ending()]
                 rt.cow.step(staying, [*lock_holders, *going])
             rt.planning.plan_now()
             rt.rows.write_lengths(batch, trimmed)
@@ -63,23 +66,25 @@ def run_round(rt, batch, lock_holders: list = (), ending: set = frozenset()) -> 
         )
 
 
-def _trim(rt, batch, ending: set) -> np.ndarray:
+def _trim(rt, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
     """Steps 2-3, vectorized over the batch. Returns the batch positions of the requests trimmed (over budget +
-    slack). Which are is decided on the host (SGLang's host lengths and the rows' host offsets), and only those are
-    looked at one by one: a round that trims nothing reads nothing from the device and loops over no request."""
+    slack). Which are is decided on the host (SGLang's host lengths, the rows' host offsets and due lengths), and
+    only those are looked at one by one: a round that trims nothing reads nothing from the device and loops over no
+    request; in most rounds no row is due and no budget is even computed."""
     host_rows = host_array(batch.req_pool_indices_cpu)
     live = host_array(batch.seq_lens_cpu).astype(np.int64)
     if rt.scores is not None:
+        gone = ending()
         running = np.fromiter(
-            (not r.finished() and id(r) not in ending for r in batch.reqs), dtype=bool, count=len(batch.reqs)
+            (not r.finished() and id(r) not in gone for r in batch.reqs), dtype=bool, count=len(batch.reqs)
         )
         rows = batch.req_pool_indices.to(torch.int64)
         on_device = torch.from_numpy(running).to(rows.device)
         rt.scores.observe_decode(batch, rows, batch.seq_lens.to(torch.int64), on_device)
-    logical = live + rt.rows.host_offset[host_rows]
-    at = np.flatnonzero(live > on_host(rt.policy.budget, logical) + rt.policy.cfg.slack)
+    at = rt.rows.over_budget(host_rows, live, rt.policy)
     if at.size:  # requests that ended (or end with the pending result) are left alone
-        at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in ending for i in at.tolist()]]
+        gone = ending()
+        at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in gone for i in at.tolist()]]
     if not at.size:
         return at
     over = [batch.reqs[i] for i in at.tolist()]

@@ -30,7 +30,7 @@ import torch
 
 from vtoken_sglang.core.pages import tail_room
 from vtoken_sglang.core.token_table import TokenTable
-from vtoken_sglang.integration.host_reads import host_array
+from vtoken_sglang.integration.host_reads import host_array, on_host
 from vtoken_sglang.integration.page_bridge import SglangPagePool
 
 
@@ -52,6 +52,8 @@ class RequestRows:
         self.host_offset = np.zeros(n, dtype=np.int64)
         self.host_tail_pos = np.zeros(n, dtype=np.int64)
         self.host_compacted = np.zeros(n, dtype=bool)  # managed and evicted at least once: not insertable
+        # the logical length at which a row may first be over budget + slack (0: check at the next round)
+        self.host_due = np.zeros(n, dtype=np.int64)
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
 
@@ -69,6 +71,24 @@ class RequestRows:
         P = self.page_size
         pos = np.where(self.host_active[rows], self.host_tail_pos[rows], (seq_lens - 1) % P)
         return tail_room(pos, P) == 0
+
+    def over_budget(self, host_rows: np.ndarray, live: np.ndarray, policy) -> np.ndarray:
+        """Batch positions of the rows (``host_rows``, live lengths ``live``) over ``policy``'s budget + slack.
+        Only rows whose logical length reached their due length are checked; a row found under budget is due
+        again when its logical length can first exceed it: a decode step adds one token to both its live and
+        logical lengths and a budget never shrinks as the logical length grows, so that is not before
+        ``budget + slack - live + 1`` more tokens."""
+        logical = live + self.host_offset[host_rows]
+        due = np.flatnonzero(logical >= self.host_due[host_rows])
+        if not due.size:
+            return due
+        margin = on_host(policy.budget, logical[due]) + policy.cfg.slack - live[due]
+        self.host_due[host_rows[due]] = np.where(margin >= 0, logical[due] + margin + 1, 0)
+        return due[margin < 0]
+
+    def forget(self, row: int) -> None:
+        """The request in ``row`` ends (any request): the next one there is checked at its first round."""
+        self.host_due[row] = 0
 
     def manage(self, reqs: list) -> None:
         """Start tracking requests whose rows are still dense (upstream's)."""

@@ -8,6 +8,7 @@ names the upstream symbol it hooks; all are listed, fingerprinted, in ``patches/
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from vtoken_sglang.integration import admission_hooks, alloc_hooks, options, report_hooks, runtime
@@ -50,13 +51,18 @@ def get_next_batch_to_run(scheduler, running_batch=None, last_batch=None, *args,
     rt = runtime.RUNTIME
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
-    ending = set()
-    queued = rt.pending_results() if rt.policy is not None else ()  # policy none: nothing to leave alone
-    if queued:
-        pending = {id(r) for b, _ in queued for r in b.reqs}
-        ending = {id(r) for r in last_batch.reqs if id(r) in pending and r.next_output_finishes_by_length()}
+    ending = functools.cache(lambda: _ending(rt, last_batch))  # asked only in a round that may trim
     run_round(rt, last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [], ending)
     return None
+
+
+def _ending(rt, batch) -> frozenset:
+    """Ids of the requests of ``batch`` whose queued (overlap scheduler) result ends them by length."""
+    queued = rt.pending_results()
+    if not queued:
+        return frozenset()
+    pending = {id(r) for b, _ in queued for r in b.reqs}
+    return frozenset(id(r) for r in batch.reqs if id(r) in pending and r.next_output_finishes_by_length())
 
 
 def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:

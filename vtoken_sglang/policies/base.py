@@ -113,6 +113,8 @@ class Policy(abc.ABC):
         row-aligned state. Score-free policies ignore it."""
 
     def budget(self, logical_len: torch.Tensor) -> torch.Tensor:
+        """Tokens each request keeps, from its logical length; never decreasing as the logical length grows (the
+        eviction round skips requests that cannot be over budget yet on that)."""
         c = self.cfg
         floor = c.sinks + max(c.recent, 1)
         if c.budget is not None:
