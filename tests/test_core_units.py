@@ -392,3 +392,33 @@ def test_decode_sync_equals_the_general_sync():
     assert torch.equal(a.pool.live, b.pool.live) and torch.equal(a.pool.owner, b.pool.owner)
     assert int(b.pool.owner[fresh]) == 1 and int(b.pool.live[fresh]) == 1
     assert b.table.live_len.tolist() == [5, 9, 0, 2]
+
+
+def test_shared_prefix_slots_hold_one_state_for_all_readers():
+    """Two requests reading the same tree slots: one logical position each, state set to the largest value the
+    readers give (order-free), added up over readers, reset only when a slot gets its first reader again."""
+    from vtoken_sglang.core.pages import TREE
+
+    eng = MiniEngine(num_pages=16, page_size=4, rows=4, state_names=("s",))
+    t = eng.table
+    tree = eng.pool.alloc(1, TREE)
+    shared = (tree * 4 + torch.arange(4)).to(torch.int64)
+    rows = torch.tensor([0, 2])
+    t.open_rows(rows)
+    t.sync_new_tokens(rows, torch.tensor([4, 4]), torch.cat([shared, shared]))
+    eng.write(rows, torch.tensor([2, 3]))
+    assert t.readers[shared].tolist() == [2, 2, 2, 2]
+    t.set_row_state("s", rows, torch.tensor([[1.0, 5.0, 2.0, 0.0, 9.0, 9.0, 0.0], [3.0, 4.0, 2.0, 1.0, 7.0, 7.0, 7.0]]))
+    assert t.state["s"][shared].tolist() == [3.0, 5.0, 2.0, 1.0]
+    t.add_row_state("s", rows, torch.ones(2, 7))
+    assert t.state["s"][shared].tolist() == [5.0, 7.0, 4.0, 3.0]
+    assert t.row_state("s", torch.tensor([0]), 7).tolist() == [[5.0, 7.0, 4.0, 3.0, 10.0, 10.0, 0.0]]
+    eng.close(0)  # one reader left: the state stays; a new reader joins it
+    t.open_rows(torch.tensor([1]))
+    t.sync_new_tokens(torch.tensor([1]), torch.tensor([4]), shared)
+    assert t.state["s"][shared].tolist() == [5.0, 7.0, 4.0, 3.0]
+    eng.close(1)
+    eng.close(2)  # no reader: the next first reader starts from 0
+    t.open_rows(torch.tensor([3]))
+    t.sync_new_tokens(torch.tensor([3]), torch.tensor([4]), shared)
+    assert t.state["s"][shared].tolist() == [0.0, 0.0, 0.0, 0.0] and t.readers[shared].tolist() == [1, 1, 1, 1]

@@ -91,9 +91,11 @@ class TokenTable:
 
     def set_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
-        ignored). A slot shared by several of ``rows`` (a tree prefix) must be given one value by all of them."""
+        ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
+        same on every device and TP rank, whatever order the writes land in."""
         valid = self.valid(rows, values.shape[1])
-        self.state[name][self.row_slots(rows, values.shape[1])[valid]] = values[valid].to(torch.float32)
+        slots = self.row_slots(rows, values.shape[1])[valid]
+        self.state[name].scatter_reduce_(0, slots, values[valid].to(torch.float32), "amax", include_self=False)
 
     def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
