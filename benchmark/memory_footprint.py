@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vtoken_sglang.core.pages import PagePool  # noqa: E402
 from vtoken_sglang.core.token_table import TokenTable  # noqa: E402
-from vtoken_sglang.integration.page_bridge import SglangPagePool  # noqa: E402, F401  (the server's pool class)
 from vtoken_sglang.integration.request_rows import RequestRows  # noqa: E402
 from vtoken_sglang.integration.runtime import device_bytes  # noqa: E402
 from vtoken_sglang.policies import POLICIES  # noqa: E402

@@ -75,7 +75,12 @@ class TokenTable:
 
     def row_slots(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """``[k, width]`` int64 slots of ``rows``; past a row's live length, slot 0 (the padding page's)."""
-        return torch.where(self.valid(rows, width), self.slots[rows, :width].to(torch.int64), 0)
+        return self._live_slots(rows, width)[0]
+
+    def _live_slots(self, rows: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``row_slots`` and ``valid`` of ``rows``, the mask computed once."""
+        valid = self.valid(rows, width)
+        return torch.where(valid, self.slots[rows, :width].to(torch.int64), 0), valid
 
     def logical_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Logical ids of the live entries ``(rows[i], cols[i])``."""
@@ -87,21 +92,21 @@ class TokenTable:
 
     def row_state(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
         """``[k, width]`` policy state of ``rows``' live entries; 0 past each live length."""
-        return torch.where(self.valid(rows, width), self.state[name][self.row_slots(rows, width)], 0.0)
+        slots, valid = self._live_slots(rows, width)
+        return torch.where(valid, self.state[name][slots], 0.0)
 
     def set_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
         ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
         same on every device and TP rank, whatever order the writes land in."""
-        valid = self.valid(rows, values.shape[1])
-        slots = self.row_slots(rows, values.shape[1])[valid]
-        self.state[name].scatter_reduce_(0, slots, values[valid].to(torch.float32), "amax", include_self=False)
+        slots, valid = self._live_slots(rows, values.shape[1])
+        self.state[name].scatter_reduce_(0, slots[valid], values[valid].to(torch.float32), "amax", include_self=False)
 
     def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
         sum of their values."""
-        valid = self.valid(rows, values.shape[1])
-        self.state[name].index_add_(0, self.row_slots(rows, values.shape[1])[valid], values[valid].to(torch.float32))
+        slots, valid = self._live_slots(rows, values.shape[1])
+        self.state[name].index_add_(0, slots[valid], values[valid].to(torch.float32))
 
     # ------------------------------------------------------------------ request lifetime
 

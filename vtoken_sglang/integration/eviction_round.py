@@ -49,8 +49,9 @@ def run_round(rt, batch, lock_holders: list = (), ending: Callable[[], Set[int]]
         if trimmed.size:
             if rt.cow is not None and rt.stats.rounds % COW_EVERY == 0:
                 # requests ending now are no candidates, but lock their paths until their results land
-                staying = [r for r in batch.reqs if id(r) not in ending()]
-                going = [r for r in batch.reqs if id(r) in ending()]
+                gone = ending()
+                staying = [r for r in batch.reqs if id(r) not in gone]
+                going = [r for r in batch.reqs if id(r) in gone]
                 rt.cow.step(staying, [*lock_holders, *going])
             rt.planning.plan_now()
             rt.rows.write_lengths(batch, trimmed)
