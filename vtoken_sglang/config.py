@@ -13,6 +13,16 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vtoken_sglang.option_values import (
+    optional,
+    parse_bool,
+    parse_choice,
+    parse_float,
+    parse_int,
+    parse_layers,
+    parse_on_off,
+)
+
 POLICIES = ("none", "streaming", "random", "h2o", "scissorhands", "tova", "snapkv")  # built in (and their classes')
 SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores collected by the engine
 DECODE_SCORE_POLICIES = ("h2o", "scissorhands", "tova")  # scored at decode steps (snapkv: once, at prefill)
@@ -43,48 +53,7 @@ class Option:
     @property
     def is_switch(self) -> bool:
         """A flag without a value (``--enable-vtoken``): an option that is True or False."""
-        return self.parse is _parse_bool
-
-
-def _parse_int(lo: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError("expected an integer")
-        try:
-            out = int(value, 10) if isinstance(value, str) else int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected an integer, got {value!r}") from None
-        if isinstance(value, float) and value != out:
-            raise ValueError(f"expected an integer, got {value!r}")
-        if out < lo:
-            raise ValueError(f"must be >= {lo}, got {out}")
-        return out
-
-    return parse
-
-
-def _parse_float(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError("expected a number")
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected a number, got {value!r}") from None
-        if not (lo < out if lo_open else lo <= out) or out > hi:
-            raise ValueError(f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {out}")
-        return out
-
-    return parse
-
-
-def _parse_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        if not isinstance(value, str) or value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}; got {value!r}")
-        return value
-
-    return parse
+        return self.parse is parse_bool
 
 
 def _parse_policy(value: Any) -> str:
@@ -92,41 +61,6 @@ def _parse_policy(value: Any) -> str:
     if isinstance(value, str) and (value in POLICIES or ":" in value):
         return value
     raise ValueError(f"expected one of {', '.join(POLICIES)}, or {EXTERNAL_POLICY}; got {value!r}")
-
-
-def _parse_on_off(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("on", "off"):
-        return value.lower() == "on"
-    raise ValueError(f"expected on or off, got {value!r}")
-
-
-def _parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ValueError(f"expected True or False, got {value!r}")
-
-
-def _parse_layers(value: Any) -> str:
-    """``all``, or layer indices (negative counts from the last) as a comma list; normalized to a string."""
-    if isinstance(value, (list, tuple)):
-        value = ",".join(str(v) for v in value)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected all or a comma-separated list of layer indices, got {value!r}")
-    if value.strip() == "all":
-        return "all"
-    try:
-        layers = [int(v, 10) for v in value.split(",")]
-    except ValueError:
-        raise ValueError(f"expected all or a comma-separated list of layer indices, got {value!r}") from None
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"layer listed twice in {value!r}")
-    return ",".join(str(v) for v in layers)
-
-
-def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else parse(value)
 
 
 def option(default: Any, help: str, parse: Callable[[Any], Any], policies: tuple[str, ...] = POLICIES) -> Any:
@@ -143,7 +77,7 @@ class VTokenConfig:
     an absolute budget covers ``sinks + recent``; a policy-specific option keeps its default under other policies."""
 
     enable_vtoken: bool = option(
-        False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", _parse_bool
+        False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", parse_bool
     )
     vtoken_policy: str = option(
         "none",
@@ -154,48 +88,48 @@ class VTokenConfig:
     vtoken_budget: int | None = option(
         None,
         "Tokens of KV kept per request (absolute). Exclusive with --vtoken-budget-ratio.",
-        _optional(_parse_int(1)),
+        optional(parse_int(1)),
     )
     vtoken_budget_ratio: float | None = option(
         None,
         "Fraction of each request's tokens kept, in (0, 1]. Exclusive with --vtoken-budget.",
-        _optional(_parse_float(0.0, 1.0, lo_open=True)),
+        optional(parse_float(0.0, 1.0, lo_open=True)),
     )
-    vtoken_recent: int = option(64, "Most recent tokens always kept (recent window).", _parse_int(0))
-    vtoken_sinks: int = option(4, "First tokens always kept (attention sinks).", _parse_int(0))
+    vtoken_recent: int = option(64, "Most recent tokens always kept (recent window).", parse_int(0))
+    vtoken_sinks: int = option(4, "First tokens always kept (attention sinks).", parse_int(0))
     vtoken_reclaim: bool = option(
         True,
         "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation).",
-        _parse_on_off,
+        parse_on_off,
     )
     vtoken_theta: float = option(
-        0.05, "Fragmentation F above which reclaim is planned, in [0, 1] (the paper: 0.25).", _parse_float(0.0, 1.0)
+        0.05, "Fragmentation F above which reclaim is planned, in [0, 1] (the paper: 0.25).", parse_float(0.0, 1.0)
     )
     vtoken_planner: str = option(
-        "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline.", _parse_choice(PLANNERS)
+        "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline.", parse_choice(PLANNERS)
     )
-    vtoken_seed: int = option(0, "Seed of the random policy (identical on every TP rank).", _parse_int(0))
+    vtoken_seed: int = option(0, "Seed of the random policy (identical on every TP rank).", parse_int(0))
     vtoken_score_layers: str = option(
         "all",
         "Layers whose attention feeds score-based policies: all, or indices like 0,-1.",
-        _parse_layers,
+        parse_layers,
         SCORE_POLICIES,
     )
     vtoken_score_every: int = option(
-        1, "Collect attention scores every k decode steps.", _parse_int(1), DECODE_SCORE_POLICIES
+        1, "Collect attention scores every k decode steps.", parse_int(1), DECODE_SCORE_POLICIES
     )
     vtoken_history: int = option(
-        32, "History window, in scored steps, over which importance must persist.", _parse_int(1), ("scissorhands",)
+        32, "History window, in scored steps, over which importance must persist.", parse_int(1), ("scissorhands",)
     )
     vtoken_window: int = option(
-        32, "Observation window: the last prompt queries whose attention ranks the prompt.", _parse_int(1), ("snapkv",)
+        32, "Observation window: the last prompt queries whose attention ranks the prompt.", parse_int(1), ("snapkv",)
     )
-    vtoken_pool: int = option(7, "Max-pooling width over neighbouring positions (odd).", _parse_int(1), ("snapkv",))
+    vtoken_pool: int = option(7, "Max-pooling width over neighbouring positions (odd).", parse_int(1), ("snapkv",))
     vtoken_cow: bool = option(
         True,
         "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and "
         "unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper).",
-        _parse_on_off,
+        parse_on_off,
     )
 
     @classmethod
@@ -300,9 +234,9 @@ class VTokenConfig:
 def _describe(default: Any, parse: Callable[[Any], Any]) -> str:
     if default is None:
         return ""
-    if parse is _parse_on_off:
+    if parse is parse_on_off:
         return f" Default: {'on' if default else 'off'}."
-    return "" if parse is _parse_bool else f" Default: {default}."
+    return "" if parse is parse_bool else f" Default: {default}."
 
 
 OPTIONS: tuple[Option, ...] = tuple(
