@@ -1,9 +1,11 @@
 """Property tests of the core: random interleavings of new requests (some reading a shared prefix in tree pages),
-appends, evictions by every policy, reclaim plans (applied, stale, overlapping), copy-on-write of a row's prefix
+appends, decode steps the table registers late (whatever reads it next settles them), evictions by every policy,
+reclaim plans (applied, stale, overlapping), copy-on-write of a row's prefix
 tokens out of the tree, request ends; real K/V tensors; every step checks I1-I4, page accounting and slot reader
 counts (including that every live token's K/V bytes are unchanged); at the end every page is free. The table's
 metadata is sized by the pool, whatever its rows and context."""
 
+import numpy as np
 import pytest
 import torch
 from core_helpers import MiniEngine, stamp
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from vtoken_sglang.core.integrity import check_integrity
-from vtoken_sglang.core.pages import TREE, OutOfPages
+from vtoken_sglang.core.pages import FREE, TREE, OutOfPages
 from vtoken_sglang.policies import POLICIES, PolicyConfig, make_policy
 
 STATE_NAMES = ("h2o_acc", "tova_last", "sh_persist", "snap")
@@ -118,6 +120,33 @@ class CoreMachine(RuleBasedStateMachine):
             pass
 
     @precondition(lambda self: self.live_rows)
+    @rule(data=st.data(), steps=st.integers(1, 6))
+    def decode_registered_late(self, data, steps):
+        """SGLang's decode steps: the engine writes each row's next slot into the row store (the rest of its own
+        tail page, else a page the pool does not track yet) and the table defers registering it; the next rule
+        reads the table with those tokens pending (the invariant below waits until something settled them)."""
+        t, P = self.eng.table, self.eng.table.page_size
+        rows = self._rows(data)
+        for _ in range(steps):
+            for row in rows:
+                n = int(t._live_len[row]) + int(t._deferred[row])  # the engine's own length (its seq_len)
+                if n == 0 or n >= t.max_context:
+                    return
+                last = int(t.slots[row, n - 1])
+                if (last + 1) % P and int(self.eng.pool.owner[last // P]) == row:
+                    slot = last + 1
+                else:
+                    try:
+                        slot = int(self.eng.pool.alloc(1, FREE)[0]) * P
+                    except OutOfPages:
+                        return
+                t.slots[row, n] = slot
+                logical = int(t._logical_len[row]) + int(t._deferred[row])
+                for buf in self.eng.kv:
+                    buf[slot] = stamp(torch.tensor([row]), torch.tensor([logical]))[0]
+                t.defer_decode_tokens(np.array([row]))
+
+    @precondition(lambda self: self.live_rows)
     @rule(
         data=st.data(),
         policy=st.sampled_from(sorted(POLICIES)),
@@ -166,6 +195,8 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def integrity(self):
+        if self.eng.table.deferred_tokens:  # the next rule's reads must settle them (checked after it)
+            return
         check_integrity(self.eng.table, self.eng.kv, self.kv_stamp)
 
     def teardown(self):

@@ -422,3 +422,38 @@ def test_shared_prefix_slots_hold_one_state_for_all_readers():
     t.open_rows(torch.tensor([3]))
     t.sync_new_tokens(torch.tensor([3]), torch.tensor([4]), shared)
     assert t.state["s"][shared].tolist() == [0.0, 0.0, 0.0, 0.0] and t.readers[shared].tolist() == [1, 1, 1, 1]
+
+
+def test_deferred_decode_tokens_settle_to_one_sync_per_step():
+    """Six decode steps registered at once when the table is next read (``defer_decode_tokens``, settled by the
+    ``live_len`` read) leave the table and pool exactly as a ``sync_decode_tokens`` after every step, across page
+    boundaries onto pages the pool does not track yet; nothing shows them before."""
+    engines = []
+    for deferred in (False, True):
+        eng = MiniEngine(num_pages=64, page_size=4, rows=4, state_names=("h2o_acc",))
+        t, rows = eng.table, torch.tensor([0, 1, 3])
+        t.open_rows(rows)
+        eng.write(rows, torch.tensor([5, 8, 2]))
+        eng.evict(torch.tensor([0, 3]), torch.tensor([1, 0]))
+        written = t.live_len.clone()
+        for _ in range(6):
+            last = t.slots[rows, written[rows] - 1].to(torch.int64)
+            for i, row in enumerate(rows.tolist()):
+                full = (int(last[i]) + 1) % 4 == 0
+                slot = int(eng.pool.alloc(1, FREE)[0]) * 4 if full else int(last[i]) + 1
+                t.slots[row, written[row]] = slot  # the engine writes the row store itself
+            written[rows] += 1
+            if deferred:
+                t.defer_decode_tokens(rows.numpy())
+                assert int(t.pages.live.sum()) == 13  # nothing registered yet (pool reads do not settle)
+            else:
+                t.sync_decode_tokens(rows)
+        assert t.deferred_tokens == (18 if deferred else 0)
+        assert torch.equal(t.live_len, written) and t.deferred_tokens == 0  # the read settled them
+        engines.append(eng)
+    a, b = engines
+    for name in ("slots", "logical", "readers", "live_len", "logical_len"):
+        assert torch.equal(getattr(a.table, name), getattr(b.table, name)), name
+    assert torch.equal(a.table.state["h2o_acc"], b.table.state["h2o_acc"])
+    assert torch.equal(a.pool.live, b.pool.live) and torch.equal(a.pool.owner, b.pool.owner)
+    check_integrity(b.table)

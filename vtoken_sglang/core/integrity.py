@@ -61,6 +61,7 @@ def check_integrity(
 ) -> None:
     """Raise ``IntegrityError`` naming the first violated invariant. ``kv``/``kv_stamp``: the K/V buffers and the
     function giving the bytes written for (rows, logical ids), for the I1 byte check."""
+    table.settle()
     pool, P = table.pages, table.page_size
     owner, live = pool.owner, pool.live
     # ---- page accounting

@@ -86,6 +86,7 @@ class Reclaimer:
 
     def needs_reclaim(self) -> bool:
         """The trigger: fragmentation above theta, or free pages at or below the low watermark."""
+        self.table.settle()
         if not self.enabled:
             return False
         return self.pool.fragmentation() > self.theta or self.pool.num_free() <= self.low_watermark
@@ -93,6 +94,7 @@ class Reclaimer:
     def snapshot(self, copy: bool = True) -> Snapshot:
         """The planner's input. ``copy=False`` shares the pool's live/owner tensors (an inline plan made and
         applied before anything changes); a snapshot sent elsewhere must be a copy."""
+        self.table.settle()
         blocked = self.pool.in_flight.clone()
         blocked[self.table.tail_pages()] = True
         free = self.pool.num_free(for_relocation=True)
@@ -113,6 +115,7 @@ class Reclaimer:
 
     def validate(self, plan: Plan) -> str | None:
         """Why ``plan`` cannot be applied now (``"stale"`` or another reason), or None if it can."""
+        self.table.settle()
         if self.epoch - plan.epoch > self.max_plan_lag or plan.epoch > self.epoch:
             return "stale"
         malformed = self._malformed(plan)

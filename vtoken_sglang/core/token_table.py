@@ -24,18 +24,24 @@ Invariants (checked by ``integrity.check_integrity``):
 - eviction changes the rows only; relocation (``apply_moves``) changes slots and carries their metadata to the
   new slots, never changing logical ids or order.
 
+Decode tokens the engine already wrote into the row store may be registered late (``defer_decode_tokens``, a host
+count per row; ``settle`` registers them all): every reader of the table settles first, the length properties
+``live_len``/``logical_len`` and every method here by themselves, so a deferred token is never seen missing.
+
 All operations are batched over requests and vectorized (no per-token Python loop).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import TREE, PagePool, tail_room
+from vtoken_sglang.core.row_reads import RowReads
 from vtoken_sglang.core.segments import repeat_rows, segment_ranks
 
 
-class TokenTable:
+class TokenTable(RowReads):
     def __init__(
         self,
         num_rows: int,
@@ -57,62 +63,43 @@ class TokenTable:
         self.logical = torch.zeros(self.pool_slots, dtype=torch.int32, device=dev)
         self.readers = torch.zeros(self.pool_slots, dtype=torch.int32, device=dev)
         self.state = {name: torch.zeros(self.pool_slots, dtype=torch.float32, device=dev) for name in state_names}
-        self.live_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
-        self.logical_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+        self._live_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+        self._logical_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+        self._deferred = np.zeros(num_rows, dtype=np.int64)  # decode tokens written, not registered yet (host)
+        self._n_deferred = 0
         self.active = torch.zeros(num_rows, dtype=torch.bool, device=dev)
         self.row_key = torch.arange(num_rows, dtype=torch.int64, device=dev)  # per-request identity for policies
+
+    @property
+    def live_len(self) -> torch.Tensor:
+        """``[num_rows]`` live entries per row (deferred tokens settled first)."""
+        if self._n_deferred:
+            self.settle()
+        return self._live_len
+
+    @property
+    def logical_len(self) -> torch.Tensor:
+        """``[num_rows]`` next logical position per row (deferred tokens settled first)."""
+        if self._n_deferred:
+            self.settle()
+        return self._logical_len
+
+    @property
+    def deferred_tokens(self) -> int:
+        """Decode tokens written into the row store and not registered yet (``defer_decode_tokens``)."""
+        return self._n_deferred
 
     def metadata_bytes(self) -> int:
         """Device bytes of vToken's own per-slot and per-row metadata (the row store is the engine's)."""
         tensors = [self.logical, self.readers, *self.state.values(), self.live_len, self.logical_len, self.active]
         return sum(t.numel() * t.element_size() for t in tensors + [self.row_key])
 
-    # ------------------------------------------------------------------ reading metadata through the rows
-
-    def valid(self, rows: torch.Tensor, width: int) -> torch.Tensor:
-        """``[k, width]``: which columns of ``rows`` are live entries."""
-        return torch.arange(width, device=rows.device)[None, :] < self.live_len[rows][:, None]
-
-    def row_slots(self, rows: torch.Tensor, width: int) -> torch.Tensor:
-        """``[k, width]`` int64 slots of ``rows``; past a row's live length, slot 0 (the padding page's)."""
-        return self._live_slots(rows, width)[0]
-
-    def _live_slots(self, rows: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``row_slots`` and ``valid`` of ``rows``, the mask computed once."""
-        valid = self.valid(rows, width)
-        return torch.where(valid, self.slots[rows, :width].to(torch.int64), 0), valid
-
-    def logical_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Logical ids of the live entries ``(rows[i], cols[i])``."""
-        return self.logical[self.slots[rows, cols].to(torch.int64)]
-
-    def row_logical(self, rows: torch.Tensor, width: int) -> torch.Tensor:
-        """``[k, width]`` logical ids of ``rows``' live entries (garbage past each live length)."""
-        return self.logical[self.row_slots(rows, width)]
-
-    def row_state(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
-        """``[k, width]`` policy state of ``rows``' live entries; 0 past each live length."""
-        slots, valid = self._live_slots(rows, width)
-        return torch.where(valid, self.state[name][slots], 0.0)
-
-    def set_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
-        ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
-        same on every device and TP rank, whatever order the writes land in."""
-        slots, valid = self._live_slots(rows, values.shape[1])
-        self.state[name].scatter_reduce_(0, slots[valid], values[valid].to(torch.float32), "amax", include_self=False)
-
-    def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
-        sum of their values."""
-        slots, valid = self._live_slots(rows, values.shape[1])
-        self.state[name].index_add_(0, slots[valid], values[valid].to(torch.float32))
-
     # ------------------------------------------------------------------ request lifetime
 
     def open_rows(self, rows: torch.Tensor, keys: torch.Tensor | None = None) -> None:
         """Start requests in ``rows`` (empty rows). ``keys``: a stable identity per request (default: the row),
         so that policies decide the same whatever row an engine gives the request."""
+        self.settle()
         assert not bool(self.active[rows].any()), "row already in use"
         self.active[rows] = True
         self.live_len[rows] = 0
@@ -122,6 +109,7 @@ class TokenTable:
     def close_row(self, row: int) -> torch.Tensor:
         """End a request: drop its entries and return the private pages it held (the caller frees them, after
         whatever grace its engine needs). Tree pages are left to the tree."""
+        self.settle()
         n = int(self.live_len[row])
         slots = self.slots[row, :n].to(torch.int64)
         self.readers.index_add_(0, slots, torch.full_like(slots, -1, dtype=torch.int32))
@@ -208,6 +196,29 @@ class TokenTable:
         self.live_len[r] = col + 1
         self.logical_len[r] = logical + 1
 
+    def defer_decode_tokens(self, rows: np.ndarray) -> None:
+        """``sync_decode_tokens`` of ``rows`` (distinct host row ids), registered at the next ``settle``: a decode
+        step that nothing reads the table after costs one host add. Until then the rows' slots hold the tokens
+        and nothing else shows them; whatever reads the table settles first."""
+        self._deferred[rows] += 1
+        self._n_deferred += len(rows)
+
+    def settle(self) -> None:
+        """Register every deferred decode token: the table, pages and policy state become what one
+        ``sync_decode_tokens`` per deferred step would have left."""
+        if not self._n_deferred:
+            return
+        rows = np.flatnonzero(self._deferred)
+        counts = self._deferred[rows]
+        self._deferred[rows] = 0
+        self._n_deferred = 0
+        dev = self.slots.device
+        r = torch.from_numpy(rows).to(dev)
+        if counts.max() == 1:  # one step deferred (a table read after every step): the short path
+            self.sync_decode_tokens(r)
+        else:
+            self.sync_new_tokens(r, torch.from_numpy(counts).to(dev), claim_pages=True)
+
     def _register(self, r: torch.Tensor, col: torch.Tensor, logical: torch.Tensor, claim_pages: bool) -> None:
         """Entries ``(r[j], col[j])`` (already holding their slots) become live tokens with logical ids ``logical``;
         a slot's policy state starts at 0 when it gets its first reader; their pages gain a live token each."""
@@ -230,6 +241,7 @@ class TokenTable:
         unique). Compacts the affected rows stably, decrements page counts and returns the private pages that
         became empty; the caller frees them (``PagePool.free``) at once, or after its engine's grace period.
         Metadata only: no KV moves."""
+        self.settle()
         if rows.numel() == 0:
             return torch.empty(0, dtype=torch.int64, device=self.slots.device)
         rows, cols = rows.to(torch.int64), cols.to(torch.int64)
@@ -261,6 +273,7 @@ class TokenTable:
         copied there, into fresh slots). Live counts move from old to new pages; the metadata of each old slot is
         copied to its new one (an old slot of the tree keeps its own for its other readers); logical ids and order
         are unchanged. The old pages are not freed here: the reclaimer releases them after the grace period."""
+        self.settle()
         rows, cols = rows.to(torch.int64), cols.to(torch.int64)
         old = self.slots[rows, cols].to(torch.int64)
         new = new_slots.to(torch.int64)
@@ -272,25 +285,6 @@ class TokenTable:
         self.pages.add_live(old, -1)
         self.slots[rows, cols] = new.to(self.slots.dtype)
         self.pages.add_live(new, +1)
-
-    # ------------------------------------------------------------------ views
-
-    def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The live slots of ``row`` and their logical ids."""
-        n = int(self.live_len[row])
-        slots = self.slots[row, :n]
-        return slots, self.logical[slots.to(torch.int64)]
-
-    def tail_pages(self) -> torch.Tensor:
-        """Page of the newest token of every active request (the page its next token is written into)."""
-        rows = torch.nonzero(self.active & (self.live_len > 0)).flatten()
-        last = self.slots[rows, self.live_len[rows] - 1].to(torch.int64)
-        return last // self.page_size
-
-    def lower_bound_pages(self) -> int:
-        """Sum over active requests of ceil(live / page_size): the fewest pages their live tokens can occupy."""
-        live = self.live_len[self.active]
-        return int(((live + self.page_size - 1) // self.page_size).sum())
 
 
 __all__ = ["TokenTable", "TREE"]

@@ -88,6 +88,7 @@ class PrefixCow:
     def step(self, reqs: list, others: list = ()) -> int:
         """Plan and carry out copy-on-write for the running requests ``reqs`` (``others``: any other request that
         may hold a tree lock, e.g. the one being chunked); returns the pages released."""
+        self.table.settle()
         cands = self.candidates(reqs)
         if not cands:
             return 0

@@ -142,7 +142,8 @@ class RequestRows:
         req.kv.kv_committed_len = req.kv.kv_allocated_len = keep
 
     def sync_decode(self, batch) -> None:
-        """``prepare_for_decode`` wrote one new slot per request at column ``seq_len``: register it."""
+        """``prepare_for_decode`` wrote one new slot per managed request at column ``seq_len``: the Token Table
+        registers it when it is next read (``TokenTable.defer_decode_tokens``); the host mirrors now."""
         if self.n_managed == 0:
             return
         host_rows = host_array(batch.req_pool_indices_cpu)
@@ -152,8 +153,7 @@ class RequestRows:
             return
         mine = host_rows if n == len(host_rows) else host_rows[managed]  # with eviction on, usually every row
         self.host_tail_pos[mine] = (self.host_tail_pos[mine] + 1) % self.page_size
-        rows = batch.req_pool_indices if n == len(host_rows) else torch.from_numpy(mine).to(self.req_to_token.device)
-        self.table.sync_decode_tokens(rows.to(torch.int64))
+        self.table.defer_decode_tokens(mine)  # registered when the table is next read
 
     def write_lengths(self, batch, at: np.ndarray) -> None:
         """The requests at batch positions ``at`` (managed) were trimmed: write their live lengths from the Token

@@ -197,12 +197,14 @@ class VTokenRuntime:
         self.pool.return_reserve()
 
     def sample_pages(self) -> None:
+        self.table.settle()  # the pages of deferred decode tokens are tracked once registered
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
         evictable = self.tree.evictable_size() // self.page_size if self.tree is not None else None
         self.stats.sample_pages(used, self.pool.used_pages(), evictable)
 
     def metrics(self) -> dict:
         pool, table = self.pool, self.table
+        table.settle()
         assert self.rows.n_managed == int(table.active.sum()), "managed-row count out of step with the Token Table"
         tracked = pool.owner >= 0
         return {

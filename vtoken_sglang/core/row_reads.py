@@ -1,0 +1,70 @@
+"""``RowReads``: reading the Token Table through its rows (part of ``TokenTable``, which it is a base of).
+
+A row's live entries are columns ``0 .. live_len[r]-1`` of the row store; their metadata is per KV slot, so every
+read goes through the row's slots. Reads past a row's live length give padding (slot 0, state 0). The accessors use
+the table's ``slots``, ``live_len`` (which settles deferred decode tokens), ``logical``, ``state``, ``active``,
+``page_size`` and ``settle``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RowReads:
+    def valid(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]``: which columns of ``rows`` are live entries."""
+        return torch.arange(width, device=rows.device)[None, :] < self.live_len[rows][:, None]
+
+    def row_slots(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` int64 slots of ``rows``; past a row's live length, slot 0 (the padding page's)."""
+        return self._live_slots(rows, width)[0]
+
+    def _live_slots(self, rows: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``row_slots`` and ``valid`` of ``rows``, the mask computed once."""
+        valid = self.valid(rows, width)
+        return torch.where(valid, self.slots[rows, :width].to(torch.int64), 0), valid
+
+    def logical_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logical ids of the live entries ``(rows[i], cols[i])``."""
+        self.settle()
+        return self.logical[self.slots[rows, cols].to(torch.int64)]
+
+    def row_logical(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` logical ids of ``rows``' live entries (garbage past each live length)."""
+        return self.logical[self.row_slots(rows, width)]
+
+    def row_state(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` policy state of ``rows``' live entries; 0 past each live length."""
+        slots, valid = self._live_slots(rows, width)
+        return torch.where(valid, self.state[name][slots], 0.0)
+
+    def set_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
+        ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
+        same on every device and TP rank, whatever order the writes land in."""
+        slots, valid = self._live_slots(rows, values.shape[1])
+        self.state[name].scatter_reduce_(0, slots[valid], values[valid].to(torch.float32), "amax", include_self=False)
+
+    def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
+        sum of their values."""
+        slots, valid = self._live_slots(rows, values.shape[1])
+        self.state[name].index_add_(0, slots[valid], values[valid].to(torch.float32))
+
+    def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live slots of ``row`` and their logical ids."""
+        n = int(self.live_len[row])
+        slots = self.slots[row, :n]
+        return slots, self.logical[slots.to(torch.int64)]
+
+    def tail_pages(self) -> torch.Tensor:
+        """Page of the newest token of every active request (the page its next token is written into)."""
+        rows = torch.nonzero(self.active & (self.live_len > 0)).flatten()
+        last = self.slots[rows, self.live_len[rows] - 1].to(torch.int64)
+        return last // self.page_size
+
+    def lower_bound_pages(self) -> int:
+        """Sum over active requests of ceil(live / page_size): the fewest pages their live tokens can occupy."""
+        live = self.live_len[self.active]
+        return int(((live + self.page_size - 1) // self.page_size).sum())
