@@ -31,6 +31,7 @@ import torch
 from vtoken_sglang.integration import host_reads
 from vtoken_sglang.integration.host_reads import host_array
 
+_NONE = np.empty(0, dtype=np.int64)
 COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
 
 
@@ -71,9 +72,7 @@ def _trim(rt, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
     """Steps 2-3, vectorized over the batch. Returns the batch positions of the requests trimmed (over budget +
     slack). Which are is decided on the host (SGLang's host lengths, the rows' host offsets and due lengths), and
     only those are looked at one by one: a round that trims nothing reads nothing from the device and loops over no
-    request; in most rounds no row is due and no budget is even computed."""
-    host_rows = host_array(batch.req_pool_indices_cpu)
-    live = host_array(batch.seq_lens_cpu).astype(np.int64)
+    request; in most rounds no row of the batch is due and nothing is even looked at (``RequestRows.skip_check``)."""
     if rt.scores is not None:
         gone = ending()
         running = np.fromiter(
@@ -82,7 +81,10 @@ def _trim(rt, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
         rows = batch.req_pool_indices.to(torch.int64)
         on_device = torch.from_numpy(running).to(rows.device)
         rt.scores.observe_decode(batch, rows, batch.seq_lens.to(torch.int64), on_device)
-    at = rt.rows.over_budget(host_rows, live, rt.policy)
+    if rt.rows.skip_check():
+        return _NONE
+    host_rows = host_array(batch.req_pool_indices_cpu)
+    at = rt.rows.over_budget(host_rows, host_array(batch.seq_lens_cpu).astype(np.int64), rt.policy)
     if at.size:  # requests that ended (or end with the pending result) are left alone
         gone = ending()
         at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in gone for i in at.tolist()]]

@@ -33,6 +33,8 @@ from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.integration.host_reads import host_array, on_host
 from vtoken_sglang.integration.page_bridge import SglangPagePool
 
+DUE_HORIZON = 64  # decode steps ahead a row's budget is evaluated at each check (one check per trim in most loads)
+
 
 def request_key(req) -> int:
     """A request's identity for policies: a hash of its prompt token ids. The same on every TP rank, in every run,
@@ -54,6 +56,7 @@ class RequestRows:
         self.host_compacted = np.zeros(n, dtype=bool)  # managed and evicted at least once: not insertable
         # the logical length at which a row may first be over budget + slack (0: check at the next round)
         self.host_due = np.zeros(n, dtype=np.int64)
+        self.quiet_rounds = 0  # rounds from now in which no batch row is due (``skip_check``)
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
 
@@ -74,17 +77,34 @@ class RequestRows:
 
     def over_budget(self, host_rows: np.ndarray, live: np.ndarray, policy) -> np.ndarray:
         """Batch positions of the rows (``host_rows``, live lengths ``live``) over ``policy``'s budget + slack.
-        Only rows whose logical length reached their due length are checked; a row found under budget is due
-        again when its logical length can first exceed it: a decode step adds one token to both its live and
-        logical lengths and a budget never shrinks as the logical length grows, so that is not before
-        ``budget + slack - live + 1`` more tokens."""
+        Only rows whose logical length reached their due length are checked, each ``DUE_HORIZON`` decode steps
+        ahead at once: a decode step adds one token to both its live and logical lengths, so the step at which a
+        row first runs over is known now, and the row is due then (or after the horizon, if it stays under)."""
         logical = live + self.host_offset[host_rows]
         due = np.flatnonzero(logical >= self.host_due[host_rows])
         if not due.size:
             return due
-        margin = on_host(policy.budget, logical[due]) + policy.cfg.slack - live[due]
-        self.host_due[host_rows[due]] = np.where(margin >= 0, logical[due] + margin + 1, 0)
-        return due[margin < 0]
+        ahead = np.arange(DUE_HORIZON)
+        future = logical[due][:, None] + ahead
+        budget = on_host(policy.budget, future.ravel()).reshape(future.shape)
+        over = budget + policy.cfg.slack < live[due][:, None] + ahead
+        first = np.where(over.any(1), over.argmax(1), DUE_HORIZON)
+        self.host_due[host_rows[due]] = logical[due] + first
+        # the batch's next due row is due in max(gap, 1) rounds (each adds one logical token to every row)
+        self.quiet_rounds = max(int((self.host_due[host_rows] - logical).min()), 1) - 1
+        return due[first == 0]
+
+    def skip_check(self) -> bool:
+        """Whether this round's ``over_budget`` can be skipped: no row of the batch checked last is due, and no
+        request has joined it since (``recheck``). Counts the round."""
+        if self.quiet_rounds > 0:
+            self.quiet_rounds -= 1
+            return True
+        return False
+
+    def recheck(self) -> None:
+        """Requests may join the decode batch (a batch that is not a decode step ran): check at the next round."""
+        self.quiet_rounds = 0
 
     def forget(self, row: int) -> None:
         """The request in ``row`` ends (any request): the next one there is checked at its first round."""

@@ -66,10 +66,15 @@ def _ending(rt, batch) -> frozenset:
 
 
 def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
-    """AFTER ``Scheduler.process_batch_result``: after a prefill scored with a window (snapkv), rank the prompts.
-    (Score-based policies run without the overlap scheduler, so the window's queries are still this prefill's.)"""
+    """AFTER ``Scheduler.process_batch_result``: after a batch that is not a decode step (a prefill, mixed or
+    prebuilt batch: its requests join the decode batch), the next eviction round checks every row; after a prefill
+    scored with a window (snapkv), rank the prompts. (Score-based policies run without the overlap scheduler, so
+    the window's queries are still this prefill's.)"""
     rt = runtime.RUNTIME
-    if rt is not None and rt.scores is not None and batch is not None and batch.forward_mode.is_extend():
+    if rt is None or batch is None or batch.forward_mode.is_decode():
+        return
+    rt.rows.recheck()
+    if rt.scores is not None and batch.forward_mode.is_extend():
         rt.scores.observe_prefill(batch)
 
 
