@@ -1,6 +1,6 @@
 """Property tests of the core: random interleavings of new requests (some reading a shared prefix in tree pages),
 appends, decode steps the table registers late (whatever reads it next settles them), evictions by every policy,
-reclaim plans (applied, stale, overlapping), copy-on-write of a row's prefix
+reclaim plans (applied, stale, overlapping; every plan the planner makes is valid), copy-on-write of a row's prefix
 tokens out of the tree, request ends; real K/V tensors; every step checks I1-I4, page accounting and slot reader
 counts (including that every live token's K/V bytes are unchanged); at the end every page is free. The table's
 metadata is sized by the pool, whatever its rows and context."""
@@ -167,7 +167,10 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule()
     def reclaim_step(self):
-        self.eng.reclaimer.step()
+        rec = self.eng.reclaimer
+        plan = rec.plan()
+        assert plan.is_empty() or rec.validate(plan) is None  # what the step applies unchecked: a valid plan
+        rec.step()
 
     @precondition(lambda self: self.live_rows)
     @rule()

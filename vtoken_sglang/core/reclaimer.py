@@ -172,6 +172,11 @@ class Reclaimer:
             else:
                 self.stats.plans_rejected += 1
             return False
+        self._relocate(plan)
+        return True
+
+    def _relocate(self, plan: Plan) -> None:
+        """Copy and publish ``plan``, valid now (``validate``): made from this very state, or checked."""
         pool = self.pool
         dst_pages = pool.alloc(
             plan.pages_taken, repeat_rows(plan.rows, plan.n_dst, plan.pages_taken), for_relocation=True
@@ -189,7 +194,6 @@ class Reclaimer:
         st.plans_admitted += 1
         st.tokens_moved += plan.tokens_moved
         st.copy_ms += ticket.seconds * 1e3
-        return True
 
     def release_ready(self, force: bool = False) -> int:
         """Free the source pages whose grace period is over (all of them with ``force``: at idle, or under memory
@@ -246,9 +250,10 @@ class Reclaimer:
         everything, waiting for the copies), until a plan is empty or refused, or ``rounds`` plans are applied."""
         applied: list[Plan] = []
         while len(applied) < rounds and (force or self.needs_reclaim()):
-            plan = self.plan()
-            if plan.is_empty() or not self.apply(plan):
+            plan = self.plan()  # from the state as it is: valid as made (the property tests check it is)
+            if plan.is_empty():
                 break
+            self._relocate(plan)
             applied.append(plan)
             self.release_ready(force)  # grace_steps=0 or forced: the sources come back at once
         return applied
