@@ -3,6 +3,7 @@ with one line naming the flag (status 2, no traceback), sgl.Engine rejects bad k
 
 import pytest
 from conftest import PY, run_all
+from test_model_support import config_only_model
 
 BAD_CLI = [
     (["--vtoken-policy", "random"], "--vtoken-policy has no effect without --enable-vtoken"),
@@ -37,6 +38,7 @@ BAD_CLI = [
         "--enable-mixed-chunk: mixed prefill/decode batches are not supported",
     ),
     (["--enable-vtoken", "--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
+    (["--enable-vtoken", "--kv-cache-dtype", "nvfp4"], "--kv-cache-dtype nvfp4: block-scaled KV caches"),
     # a policy of one's own (package.module:ClassName) that does not load, or is not a complete Policy
     (
         ["--enable-vtoken", "--vtoken-policy", "no_such_pkg.mod:Keep", "--vtoken-budget", "512"],
@@ -164,26 +166,42 @@ def test_engine_rejects_bad_keywords_before_starting(plugins_loaded, tiny_model)
 
 def mamba_model(tiny_model: str, path) -> str:
     """A Mamba checkpoint directory with no weights (vToken refuses it before any weight is read)."""
-    import shutil
-
     from transformers import MambaConfig
 
     cfg = MambaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, state_size=8)
-    cfg.architectures = ["MambaForCausalLM"]
-    cfg.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(f"{tiny_model}/{name}", path / name)
-    return str(path)
+    return config_only_model(tiny_model, path, cfg, "MambaForCausalLM")
+
+
+def gemma2_model(tiny_model: str, path) -> str:
+    """A Gemma-2 checkpoint directory with no weights: every other layer attends in a 64-token window, on one KV
+    pool (vToken refuses it while SGLang builds the model, before any weight is read)."""
+    from transformers import Gemma2Config
+
+    cfg = Gemma2Config(
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=64,
+        max_position_embeddings=512,
+    )
+    return config_only_model(tiny_model, path, cfg, "Gemma2ForCausalLM")
 
 
 def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
-    """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process; a model vToken
-    cannot serve (Mamba) is refused at start with one line."""
+    """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process; models vToken
+    cannot serve are refused at start with one line: Mamba by its config in the launcher, Gemma-2's windowed layers
+    in the scheduler, as SGLang builds them."""
     engine_script = (
         "import sglang as sgl\n"
         f"sgl.Engine(model_path={tiny_model!r}, enable_vtoken=True, vtoken_policy='tova', vtoken_budget=8)\n"
     )
-    help_run, bad_run, engine_run, mamba_run = run_all(
+    cpu = ["--enable-vtoken", "--device", "cpu", "--dtype", "float32"]
+    gemma2 = gemma2_model(tiny_model, tmp_path / "gemma2")
+    help_run, bad_run, engine_run, mamba_run, gemma2_run = run_all(
         [
             [PY, "-m", "sglang.launch_server", "--help"],
             [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken", "--page-size", "1"],
@@ -193,13 +211,10 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
                 "-m",
                 "sglang.launch_server",
                 "--model-path",
-                mamba_model(tiny_model, tmp_path),
-                "--enable-vtoken",
-                "--device",
-                "cpu",
-                "--dtype",
-                "float32",
+                mamba_model(tiny_model, tmp_path / "mamba"),
+                *cpu,
             ],
+            [PY, "-m", "sglang.launch_server", "--model-path", gemma2, *cpu],
         ]
     )
     assert help_run.returncode == 0
@@ -228,6 +243,11 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
     assert errors == [
         "error: model MambaForCausalLM: hybrid mamba / linear-attention models are not supported with vToken"
     ]
+    assert gemma2_run.returncode == 2 and "Traceback" not in gemma2_run.stderr, gemma2_run.stderr[-2000:]
+    errors = [line for line in gemma2_run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: model Gemma2ForCausalLM: layer 0 attends in a sliding window of 63 tokens, shorter than the context"
+    ), errors
 
 
 @pytest.mark.parametrize(

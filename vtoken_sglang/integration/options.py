@@ -6,7 +6,7 @@ Flow (the only hooks that exist when vToken is off; they pass SGLang's own argum
 - ``ServerArgs.from_cli_args`` (around): takes those values off the Namespace, validates them and the combination
   with SGLang's flags, and exits with one ``error: ...`` line on a problem.
 - ``Engine.__init__`` (around): pops ``enable_vtoken`` / ``vtoken_*`` keyword arguments before ``ServerArgs(**kw)``.
-- ``Engine._launch_subprocesses`` (before): attaches the config to ``server_args._vtoken_config`` and exports it in
+- ``Engine._launch_subprocesses`` (around): attaches the config to ``server_args._vtoken_config`` and exports it in
   ``$VTOKEN_SGLANG_CONFIG`` so that every spawned process (scheduler, detokenizer) sees it at plugin load.
 """
 
@@ -26,6 +26,7 @@ from vtoken_sglang.config import (
     VTokenConfig,
     kwarg_display,
 )
+from vtoken_sglang.integration import model_support
 
 logger = logging.getLogger(__name__)
 
@@ -143,11 +144,30 @@ def engine_init(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
-def launch_subprocesses(cls, *args, **kwargs):
-    """BEFORE ``Engine._launch_subprocesses``: the last moment before children spawn (and, for ``sgl.Engine``,
-    before ``resolve_once`` seals the record): attach and export the config."""
-    global _pending_engine_config, _pending_engine_error
+def launch_subprocesses(original, cls, *args, **kwargs):
+    """AROUND ``Engine._launch_subprocesses``: the last moment before children spawn (and, for ``sgl.Engine``,
+    before ``resolve_once`` seals the record): attach and export the config; then launch, and if a scheduler
+    refused the model while building it (``model_support.refuse``), say so in one line: the CLI exits with it,
+    ``sgl.Engine`` raises it as a ``ConfigError``."""
     server_args = kwargs["server_args"] if "server_args" in kwargs else args[0]
+    engine = _pending_engine_config is not None
+    _attach_before_launch(server_args)
+    if not current_config(server_args).enabled:
+        return original(cls, *args, **kwargs)
+    with model_support.refusals() as refused:
+        try:
+            return original(cls, *args, **kwargs)
+        except Exception:
+            reason = refused()
+            if reason is None:
+                raise
+    if engine:
+        raise ConfigError(reason)
+    exit_with_error(ConfigError(reason))
+
+
+def _attach_before_launch(server_args: Any) -> None:
+    global _pending_engine_config, _pending_engine_error
     pending, _pending_engine_config = _pending_engine_config, None
     error, _pending_engine_error = _pending_engine_error, None
     if error is not None:
@@ -160,26 +180,9 @@ def launch_subprocesses(cls, *args, **kwargs):
     # with one line. sgl.Engine resolves later; its schedulers run the same check before loading weights.
     model_config = getattr(server_args, "_model_config", None)
     if model_config is not None and current_config(server_args).enabled:
-        reason = unsupported_model(model_config)
+        reason = model_support.unsupported_model(model_config)
         if reason:
             exit_with_error(ConfigError(reason))
-    return None
-
-
-def unsupported_model(model_config) -> str | None:
-    """Why vToken cannot serve this model (SGLang's own classification of it), or None. vToken needs one
-    token-granular KV pool of full-attention K/V pages: no recurrent state, no sliding-window pool, no MLA latent."""
-    from sglang.srt.configs.hybrid_arch import mambaish_config
-    from sglang.srt.configs.model_config import AttentionArch
-
-    arch = ",".join(getattr(model_config.hf_config, "architectures", None) or ["?"])
-    if mambaish_config(model_config) is not None or model_config.attention_arch == AttentionArch.SSM:
-        return f"model {arch}: hybrid mamba / linear-attention models are not supported with vToken"
-    if model_config.is_hybrid_swa:
-        return f"model {arch}: hybrid sliding-window models (separate SWA KV pool) are not supported with vToken"
-    if model_config.attention_arch == AttentionArch.MLA:
-        return f"model {arch}: MLA (latent KV) models are not supported with vToken yet"
-    return None
 
 
 # --------------------------------------------------------------------------------------------- shared
@@ -290,6 +293,9 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
             f"{given}: DP attention is not supported with vToken (it runs decode batches as extend batches, whose "
             "positions come from live lengths, not logical ones); use --dp-size without it"
         )
+    layout = model_support.unsupported_kv_layout(server_args, flag)
+    if layout:
+        raise ConfigError(layout)
     if cfg.scoring == "decode" and not on_cpu and not decode_graphs_off(server_args):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "

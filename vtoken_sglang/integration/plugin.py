@@ -27,7 +27,7 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("AFTER", options.add_cli_args),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("AROUND", options.from_cli_args),
     "sglang.srt.entrypoints.engine.Engine.__init__": ("AROUND", options.engine_init),
-    "sglang.srt.entrypoints.engine.Engine._launch_subprocesses": ("BEFORE", options.launch_subprocesses),
+    "sglang.srt.entrypoints.engine.Engine._launch_subprocesses": ("AROUND", options.launch_subprocesses),
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from vtoken_sglang.integration import admission_hooks, alloc_hooks, options, report_hooks, runtime
+from vtoken_sglang.integration import admission_hooks, alloc_hooks, model_support, options, report_hooks, runtime
 from vtoken_sglang.integration.eviction_round import run_round
 from vtoken_sglang.integration.runtime import VTokenRuntime
 
@@ -20,13 +20,16 @@ logger = logging.getLogger("vtoken_sglang")
 
 def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
     """AROUND ``Scheduler.__init__``: first refuse an unsupported model with one line, before any weight is
-    loaded; then let SGLang build the scheduler, and build the runtime over it."""
+    loaded (and, while SGLang builds the model, an unsupported layer: ``model_support.radix_attention_init``); then
+    let SGLang build the scheduler, and build the runtime over it."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.runtime_context import get_parallel
 
-    reason = options.unsupported_model(ModelConfig.from_server_args(server_args))
+    model_config = ModelConfig.from_server_args(server_args)
+    reason = model_support.unsupported_model(model_config)
     if reason:
-        raise SystemExit(f"error: {reason}")
+        model_support.refuse(reason)
+    model_support.SERVING.update(model=model_support.model_name(model_config), context_len=model_config.context_len)
     original(scheduler, server_args, *args, **kwargs)
     cfg = options.current_config(scheduler.server_args)
     rt = VTokenRuntime.from_scheduler(scheduler, cfg, score_dump=report_hooks.SCORE_DUMP is not None)
@@ -94,6 +97,7 @@ _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 HOOKS = {
     f"{_SCHED}.__init__": ("AROUND", scheduler_init),
+    "sglang.srt.layers.radix_attention.RadixAttention.__init__": ("AFTER", model_support.radix_attention_init),
     "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": (
         "AROUND",
         alloc_hooks.alloc_decode,
