@@ -194,14 +194,22 @@ def gemma2_model(tiny_model: str, path) -> str:
 def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
     """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process; models vToken
     cannot serve are refused at start with one line: Mamba by its config in the launcher, Gemma-2's windowed layers
-    in the scheduler, as SGLang builds them."""
+    in the scheduler, as SGLang builds them (``sgl.Engine`` raises the same as a ``ConfigError``)."""
     engine_script = (
         "import sglang as sgl\n"
         f"sgl.Engine(model_path={tiny_model!r}, enable_vtoken=True, vtoken_policy='tova', vtoken_budget=8)\n"
     )
     cpu = ["--enable-vtoken", "--device", "cpu", "--dtype", "float32"]
     gemma2 = gemma2_model(tiny_model, tmp_path / "gemma2")
-    help_run, bad_run, engine_run, mamba_run, gemma2_run = run_all(
+    gemma2_engine = (
+        "import sglang as sgl\n"
+        "from vtoken_sglang.config import ConfigError\n"
+        "try:\n"
+        f"    sgl.Engine(model_path={gemma2!r}, enable_vtoken=True, device='cpu', dtype='float32')\n"
+        "except ConfigError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    help_run, bad_run, engine_run, mamba_run, gemma2_run, gemma2_engine_run = run_all(
         [
             [PY, "-m", "sglang.launch_server", "--help"],
             [PY, "-m", "sglang.launch_server", "--model-path", tiny_model, "--enable-vtoken", "--page-size", "1"],
@@ -215,6 +223,7 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
                 *cpu,
             ],
             [PY, "-m", "sglang.launch_server", "--model-path", gemma2, *cpu],
+            [PY, "-c", gemma2_engine],
         ]
     )
     assert help_run.returncode == 0
@@ -248,6 +257,11 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
     assert len(errors) == 1 and errors[0].startswith(
         "error: model Gemma2ForCausalLM: layer 0 attends in a sliding window of 63 tokens, shorter than the context"
     ), errors
+    # sgl.Engine gets the scheduler's refusal as a ConfigError with the same line
+    assert gemma2_engine_run.returncode == 0, gemma2_engine_run.stderr[-2000:]
+    assert gemma2_engine_run.stdout.strip().startswith("refused: model Gemma2ForCausalLM: layer 0 attends"), (
+        gemma2_engine_run.stdout
+    )
 
 
 @pytest.mark.parametrize(
