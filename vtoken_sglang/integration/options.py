@@ -7,13 +7,14 @@ Flow (the only hooks that exist when vToken is off; they pass SGLang's own argum
   with SGLang's flags, and exits with one ``error: ...`` line on a problem.
 - ``Engine.__init__`` (around): pops ``enable_vtoken`` / ``vtoken_*`` keyword arguments before ``ServerArgs(**kw)``.
 - ``Engine._launch_subprocesses`` (around): attaches the config to ``server_args._vtoken_config`` and exports it in
-  ``$VTOKEN_SGLANG_CONFIG`` so that every spawned process (scheduler, detokenizer) sees it at plugin load.
+  ``$VTOKEN_SGLANG_CONFIG`` so that every spawned process (scheduler, detokenizer) sees it at plugin load; a
+  scheduler's refusal of the model becomes one line.
+The combinations refused are ``sglang_checks.check_sglang_args``.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Any
@@ -27,11 +28,8 @@ from vtoken_sglang.config import (
     kwarg_display,
 )
 from vtoken_sglang.integration import model_support
+from vtoken_sglang.integration.sglang_checks import check_sglang_args
 
-logger = logging.getLogger(__name__)
-
-VERIFIED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
-DEFAULT_PAGE_SIZE = 16
 CONFIG_ATTR = "_vtoken_config"  # bookkeeping attribute on ServerArgs (pickled into child processes)
 
 _pending_engine_config: VTokenConfig | None = None
@@ -206,98 +204,3 @@ def export(cfg: VTokenConfig) -> None:
         os.environ[ENV_VAR] = cfg.to_json()
     else:
         os.environ.pop(ENV_VAR, None)
-
-
-def _sglang_display(display, name: str) -> str:
-    return name if display is kwarg_display else "--" + name.replace("_", "-")
-
-
-def decode_graphs_off(server_args: Any) -> bool:
-    """Whether decode steps run without CUDA graphs, in any of SGLang 0.5.23's spellings: the deprecated
-    ``--disable-cuda-graph``, ``--cuda-graph-backend-decode disabled``, or the record they resolve into
-    (``disable_decode_cuda_graph``, ``cuda_graph_config["decode"]["backend"]``)."""
-    if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, "disable_decode_cuda_graph", False):
-        return True
-    if getattr(server_args, "cuda_graph_backend_decode", None) == "disabled":
-        return True
-    graphs = getattr(server_args, "cuda_graph_config", None)
-    decode = graphs.get("decode") if isinstance(graphs, dict) else getattr(graphs, "decode", None)
-    return (decode.get("backend") if isinstance(decode, dict) else getattr(decode, "backend", None)) == "disabled"
-
-
-def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = True) -> None:
-    """Reject what vToken does not support yet, naming the SGLang flag; default ``page_size`` to 16.
-
-    Runs on the unresolved record (CLI: on a copy of the parsed flags before SGLang builds its record, then inside
-    ``from_cli_args`` on it; Engine: before ``resolve_once``). ``log``: say what it changes."""
-    flag = lambda name: _sglang_display(display, name)  # noqa: E731
-    page_size = server_args.page_size
-    if page_size is None:
-        server_args.page_size = DEFAULT_PAGE_SIZE
-    elif page_size < 2:
-        raise ConfigError(
-            f"{flag('page_size')} {page_size}: vToken needs pages of at least 2 tokens (with one-token pages every "
-            f"dead token is freed directly and there is nothing to reclaim); default with {display('enable_vtoken')} "
-            f"is {DEFAULT_PAGE_SIZE}"
-        )
-    if server_args.speculative_algorithm:
-        raise ConfigError(
-            f"{flag('speculative_algorithm')} {server_args.speculative_algorithm}: speculative decoding is not "
-            "supported with vToken"
-        )
-    if server_args.enable_hierarchical_cache:
-        raise ConfigError(f"{flag('enable_hierarchical_cache')}: HiCache is not supported with vToken")
-    if server_args.enable_unified_memory:
-        raise ConfigError(f"{flag('enable_unified_memory')}: unified memory is not supported with vToken")
-    if getattr(server_args, "enable_streaming_session", False):
-        raise ConfigError(
-            f"{flag('enable_streaming_session')}: streaming sessions (rows kept across requests) are not supported "
-            "with vToken"
-        )
-    if server_args.disaggregation_mode not in (None, "null"):
-        raise ConfigError(
-            f"{flag('disaggregation_mode')} {server_args.disaggregation_mode}: PD disaggregation is not supported "
-            "with vToken"
-        )
-    for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
-        backend = getattr(server_args, name)
-        if backend is not None and backend not in VERIFIED_ATTENTION_BACKENDS:
-            raise ConfigError(
-                f"{flag(name)} {backend}: not verified with vToken; use one of {', '.join(VERIFIED_ATTENTION_BACKENDS)}"
-            )
-    on_cpu = server_args.device == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
-    if server_args.attention_backend is None:
-        server_args.attention_backend = "torch_native" if on_cpu else "flashinfer"
-    if getattr(server_args, "pp_size", 1) > 1:
-        raise ConfigError(f"{flag('pp_size')} {server_args.pp_size}: pipeline parallelism is not supported with vToken")
-    # A score-based policy scores the step that just ran with the queries its forward kept; under the overlap
-    # scheduler the next forward runs first and replaces them. Other policies run with overlap on or off.
-    if cfg.scoring and not getattr(server_args, "disable_overlap_schedule", True):
-        server_args.disable_overlap_schedule = True
-        if log:
-            logger.info(
-                "vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
-                "the next forward)",
-                display("vtoken_policy"),
-                cfg.vtoken_policy,
-            )
-    if getattr(server_args, "enable_mixed_chunk", False):
-        raise ConfigError(
-            f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
-            "in an extend batch get positions from their live length, not their logical one)"
-        )
-    attn_dp = getattr(server_args, "attn_dp_size", None) or 1
-    if attn_dp > 1 or getattr(server_args, "enable_dp_attention", False):
-        given = f"{flag('attn_dp_size')} {attn_dp}" if attn_dp > 1 else flag("enable_dp_attention")
-        raise ConfigError(
-            f"{given}: DP attention is not supported with vToken (it runs decode batches as extend batches, whose "
-            "positions come from live lengths, not logical ones); use --dp-size without it"
-        )
-    layout = model_support.unsupported_kv_layout(server_args, flag)
-    if layout:
-        raise ConfigError(layout)
-    if cfg.scoring == "decode" and not on_cpu and not decode_graphs_off(server_args):
-        raise ConfigError(
-            f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
-            f"{flag('cuda_graph_backend_decode')} disabled (or the deprecated {flag('disable_cuda_graph')})"
-        )
