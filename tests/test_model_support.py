@@ -10,6 +10,16 @@ import pytest
 
 from vtoken_sglang.integration import model_support
 
+# the tiny model's text geometry, for checkpoints of other families written without weights
+TINY_GEOMETRY = dict(
+    vocab_size=2048,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
 
 def config_only_model(tiny_model: str, path, cfg, arch: str) -> str:
     """A checkpoint directory of ``cfg`` with the tiny model's tokenizer and no weights."""
@@ -24,15 +34,7 @@ def test_models_refused_by_their_config(tiny_model, tmp_path):
     from sglang.srt.configs.model_config import ModelConfig
     from transformers import Qwen2VLConfig, WhisperConfig
 
-    mrope = Qwen2VLConfig(
-        vocab_size=2048,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-    )
+    mrope = Qwen2VLConfig(**TINY_GEOMETRY, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
     qwen_vl = config_only_model(tiny_model, tmp_path / "qwen2vl", mrope, "Qwen2VLForConditionalGeneration")
     whisper_cfg = WhisperConfig(vocab_size=2048, d_model=64, encoder_layers=1, decoder_layers=1)
     whisper = config_only_model(tiny_model, tmp_path / "whisper", whisper_cfg, "WhisperForConditionalGeneration")

@@ -3,7 +3,7 @@ with one line naming the flag (status 2, no traceback), sgl.Engine rejects bad k
 
 import pytest
 from conftest import PY, run_all
-from test_model_support import config_only_model
+from test_model_support import TINY_GEOMETRY, config_only_model
 
 BAD_CLI = [
     (["--vtoken-policy", "random"], "--vtoken-policy has no effect without --enable-vtoken"),
@@ -177,17 +177,7 @@ def gemma2_model(tiny_model: str, path) -> str:
     pool (vToken refuses it while SGLang builds the model, before any weight is read)."""
     from transformers import Gemma2Config
 
-    cfg = Gemma2Config(
-        vocab_size=2048,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=64,
-        max_position_embeddings=512,
-    )
+    cfg = Gemma2Config(**TINY_GEOMETRY, head_dim=16, sliding_window=64, max_position_embeddings=512)
     return config_only_model(tiny_model, path, cfg, "Gemma2ForCausalLM")
 
 
