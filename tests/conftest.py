@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vtoken_sglang import serving
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Every server the tests start runs the core's integrity check at idle and every few eviction rounds.
@@ -19,6 +21,9 @@ os.environ.setdefault("VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY", "4")
 # beside a late-fence one).
 os.environ.setdefault("VTOKEN_SGLANG_FENCE_DELAY", "4")
 INSTANT_FENCES = {"VTOKEN_SGLANG_FENCE_DELAY": "0"}
+# A test has read all it checks (outputs, states, logs) when it stops its servers: SIGKILL at once (SGLang's graceful
+# shutdown takes 5-6 s a server).
+serving.STOP_GRACE_S = 0.0
 
 
 @pytest.fixture(scope="session")

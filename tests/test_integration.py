@@ -34,8 +34,9 @@ PROMPTS = [("Reclaim moves live tokens out of sparse pages. " * (3 + i)) + str(i
 def naive_and_vtoken(tiny_model, tmp_path_factory):
     """Run the same concurrent load on a Naive-Evict server, a vToken server, the same without SGLang's overlap
     scheduler (the others run with it, SGLang's default), and a vToken server whose plans come from the compaction
-    worker, killed (-9) in the middle of the load, and ``vtoken`` again with copies whose fences report done late,
-    as CUDA events may (``late``). The servers start together; their loads run one at a time."""
+    worker, killed (-9) in the middle of the load, ``vtoken`` again with copies whose fences report done late,
+    as CUDA events may (``late``), and vToken with policy none (``full``: nothing evicted). The servers start
+    together; their loads run one at a time."""
     counted = {"VTOKEN_SGLANG_COUNT_HOST_READS": "1"}
     instant = {**STRICT, **INSTANT_FENCES}
     late = {**STRICT, **counted, "VTOKEN_SGLANG_FENCE_DELAY": "4", "VTOKEN_SGLANG_FENCE_SEED": "7"}
@@ -46,11 +47,12 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
         "serial": ["--vtoken-reclaim", "on", "--disable-overlap-schedule"],
         "worker": ["--vtoken-reclaim", "on", "--vtoken-planner", "worker"],
         "late": ["--vtoken-reclaim", "on"],
+        "full": None,
     }
     servers = {
         mode: SglangServer(
             tiny_model,
-            default_server_args() + EVICT + extra,
+            default_server_args() + (EVICT + extra if extra is not None else ["--enable-vtoken"]),
             log_path=tmp_path_factory.mktemp(mode) / "server.log",
             env=env_of.get(mode, instant),
         )
@@ -243,13 +245,10 @@ def test_integrity_checked_in_the_running_server(naive_and_vtoken):
         assert "integrity check failed" not in r["log"], r["log"][-3000:]
 
 
-def test_eviction_changes_what_the_model_sees(naive_and_vtoken, tiny_model):
+def test_eviction_changes_what_the_model_sees(naive_and_vtoken):
     """Sanity: with eviction on, long generations differ from no eviction (the server really drops tokens)."""
-    with SglangServer(tiny_model, default_server_args() + ["--enable-vtoken"]) as s:
-        full = [o["output_ids"] for o in s.generate(PROMPTS, 160, ignore_eos=True)]
-        s.generate(PROMPTS[3], 160, ignore_eos=True)
-        reuse = prefix_reuse_probe(s)
-    assert full != naive_and_vtoken["vtoken"]["ids"]
+    full, reuse = naive_and_vtoken["full"], naive_and_vtoken["full"]["reuse"]
+    assert full["vtoken"]["tokens_evicted"] == 0 and full["ids"] != naive_and_vtoken["vtoken"]["ids"]
     # The radix tree's slots are never moved or changed: a later request reusing a prefix shared by requests that
     # evicted (and whose private pages were compacted) sees exactly what it sees without eviction.
     for mode in ("naive", "vtoken"):

@@ -23,6 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+STOP_GRACE_S = 30.0
+"""The default ``SglangServer.stop_grace``."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -96,6 +99,10 @@ class SglangServer:
     log_path: Path | None = None
     env: dict[str, str] | None = None
     startup_timeout: float = 240.0
+    # seconds a stop waits after SIGTERM before SIGKILL (SGLang drains in-flight requests, polling every 5 s, and
+    # its launcher waits 5 s more once a child is gone); 0: SIGKILL at once, for callers that are done with the
+    # server and its log when they stop it (the tests: ``STOP_GRACE_S``)
+    stop_grace: float = dataclasses.field(default_factory=lambda: STOP_GRACE_S)
     proc: subprocess.Popen | None = None
 
     @property
@@ -159,14 +166,14 @@ class SglangServer:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def stop(self, grace: float = 30.0) -> int | None:
-        """SIGTERM the process group, SIGKILL what is left after ``grace`` seconds. Returns the exit status."""
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL what is left after ``stop_grace`` seconds. Returns the exit status."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and self.stop_grace > 0:
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(grace)
+                self.proc.wait(self.stop_grace)
             except subprocess.TimeoutExpired:
                 pass
         _signal_group(self.proc.pid, signal.SIGKILL)  # children that ignored SIGTERM
@@ -213,7 +220,7 @@ def started_together(*servers: SglangServer) -> Iterator[tuple[SglangServer, ...
         yield servers
     finally:
         for server in servers:
-            if server.proc is not None and server.proc.poll() is None:
+            if server.proc is not None and server.proc.poll() is None and server.stop_grace > 0:
                 _signal_group(server.proc.pid, signal.SIGTERM)
         for server in servers:
             server.stop()
