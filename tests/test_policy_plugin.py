@@ -1,15 +1,14 @@
 """A policy from outside the project (``--vtoken-policy package.module:ClassName``): the example of
-docs/policies.md loads and ranks as the built-in h2o does; a policy defined in this module is served by real SGLang
-through the flag, evicts, and gives h2o's tokens and victims. (Policies that do not load are refused at start:
-test_options.BAD_CLI.)"""
+docs/policies.md loads and ranks as the built-in h2o does; the policy defined in this module (``SPEC``) is served by
+real SGLang through the flag in test_scoring (``test_server_serves_a_policy_of_ones_own``: it evicts and gives
+h2o's tokens and victims). (Policies that do not load are refused at start: test_options.BAD_CLI.)"""
 
 import re
 import sys
 from pathlib import Path
 
-import pytest
 import torch
-from conftest import REPO, STRICT, on_servers
+from conftest import REPO
 from core_helpers import MiniEngine
 
 from vtoken_sglang.config import VTokenConfig
@@ -76,32 +75,3 @@ def test_external_policy_takes_the_options_of_policies_scored_like_it():
     )
     assert cfg.scoring == "decode" and cfg.vtoken_score_every == 2
     assert VTokenConfig.from_json(cfg.to_json()) == cfg
-
-
-@pytest.mark.server
-def test_server_serves_a_policy_of_ones_own(tiny_model):
-    """The same load under built-in h2o and under this module's HeavyHitters (imported in the launcher and in the
-    scheduler from PYTHONPATH): evictions, identical victims and tokens, nothing leaked."""
-    from vtoken_sglang.serving import SglangServer, default_server_args
-
-    flags = default_server_args() + ["--enable-vtoken", "--vtoken-budget", "96", "--vtoken-recent", "8"]
-    env = {**STRICT, "PYTHONPATH": str(Path(__file__).parent)}
-    servers = {
-        policy: SglangServer(tiny_model, flags + ["--vtoken-policy", policy], env=env) for policy in ("h2o", SPEC)
-    }
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(10, 2000, (30 + 29 * i,), generator=g).tolist() for i in range(4)]
-
-    def run(policy: str, s: SglangServer) -> tuple:
-        sampling = {"max_new_tokens": 120, "temperature": 0.0, "ignore_eos": True}
-        out = s.post("/generate", {"input_ids": prompts, "sampling_params": sampling})
-        return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
-
-    runs = on_servers(servers, run)
-    (ids_builtin, st_builtin, _), (ids_own, st_own, log_own) = runs["h2o"], runs[SPEC]
-    assert st_own["tokens_evicted"] == st_builtin["tokens_evicted"] > 0
-    assert st_own["digest_victims"] == st_builtin["digest_victims"]
-    assert ids_own == ids_builtin
-    assert st_own["pages_reclaimed"] > 0 and st_own["position_mismatches"] == 0
-    assert f"scheduler tp_rank=0: vToken on: policy={SPEC} " in log_own  # the scheduler built it
-    assert "Traceback" not in log_own and "memory leak" not in log_own

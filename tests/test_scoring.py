@@ -5,14 +5,17 @@ where the score-based policies run end to end."""
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import STRICT, on_servers
+from test_policy_plugin import SPEC
 
 from vtoken_sglang.scoring import decode_scores_headsum
 
 _rng = random.Random(3)
+TURN = list(range(100, 177))  # the two-turn conversation's first prompt (77 tokens)
 # the last prompt is shorter than a page: no tree prefix, so the request's release hands SGLang one page
 PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)] + [[11, 12, 13, 14, 15]]
 
@@ -159,20 +162,17 @@ def hf_mean_attention(model, ids: list[int], window: int = 0) -> torch.Tensor:
 SCORE_POLICIES = ("tova", "scissorhands", "snapkv")
 
 
-@pytest.mark.server
-def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny_model, tmp_path):
-    """In the real server: (1) the scores collected for a decoding request (tova) and SnapKV's prefill window
-    scores equal transformers' attention probabilities for the same tokens; (2) for tova, scissorhands and snapkv
-    (radix cache on: snapkv's prompt victims leave the tree's pages by copy-on-write), Naive-Evict and vToken give
-    identical greedy tokens, vToken holds fewer pages, nothing leaks; (3) a request managed by a score policy that
-    never evicted (tova, snapkv under budget) is inserted into the radix tree: the next turn hits the cache on its
-    output. (h2o runs in test_tp: TP 2, scores summed over the ranks.)"""
-    from transformers import AutoModelForCausalLM
-
+@pytest.fixture(scope="module")
+def score_servers(tiny_model, tmp_path_factory):
+    """tova, scissorhands and snapkv with reclaim off (Naive-Evict) and on, and h2o built in and written in a
+    test module (``test_policy_plugin.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH), all at budget 96:
+    the same load on each, and on the reclaim-off tova and snapkv servers the scores they collect and a two-turn
+    conversation first. ``(policy, reclaim)`` -> (outputs, vToken state, log), and the dumps and cached counts."""
     from vtoken_sglang.serving import SglangServer, default_server_args
 
-    prompt = list(range(100, 177))
+    tmp_path = tmp_path_factory.mktemp("scores")
     configs = [(policy, reclaim) for policy in SCORE_POLICIES for reclaim in ("off", "on")]
+    configs += [("h2o", "on"), (SPEC, "on")]
     servers, dump_of = {}, {}
     for policy, reclaim in configs:
         flags = default_server_args() + [
@@ -188,7 +188,7 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
         ]
         if policy == "snapkv":
             flags += ["--vtoken-window", "8"]  # radix cache on: its prompt pages go by copy-on-write
-        env = STRICT
+        env = {**STRICT, "PYTHONPATH": str(Path(__file__).parent)} if policy == SPEC else STRICT
         if reclaim == "off" and policy in ("tova", "snapkv"):
             dump_of[policy] = tmp_path / f"{policy}-{reclaim}.pt"
             env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump_of[policy])}
@@ -199,18 +199,18 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
         policy, reclaim = config
         if reclaim == "off" and policy in dump_of:  # 77 + 6 tokens < 96 + slack: scores over the full sequence
             dump = dump_of[policy]
-            s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
+            s.post("/generate", {"input_ids": TURN, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}})
             deadline, steps = time.monotonic() + 30, []  # the server writes the dump when it goes idle
-            while not (steps and steps[0][0][: len(prompt)] == prompt) and time.monotonic() < deadline:
+            while not (steps and steps[0][0][: len(TURN)] == TURN) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 steps = torch.load(dump) if dump.exists() else []
             dumps[policy] = steps
             # the next turn of that conversation: its first turn (prompt and output) was never evicted from, so
             # it was inserted into the radix tree whole, as plain SGLang inserts it
             first = s.post(
-                "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 9, "temperature": 0.0}}
+                "/generate", {"input_ids": TURN, "sampling_params": {"max_new_tokens": 9, "temperature": 0.0}}
             )
-            turn = prompt + first["output_ids"] + [7, 8, 9]
+            turn = TURN + first["output_ids"] + [7, 8, 9]
             second = s.post(
                 "/generate", {"input_ids": turn, "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
             )
@@ -220,17 +220,30 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
         time.sleep(2)
         return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
 
-    first, rest = dict(list(servers.items())[:3]), dict(list(servers.items())[3:])
-    runs = {**on_servers(first, run), **on_servers(rest, run)}  # 3 at a time: memory
+    first, rest = dict(list(servers.items())[:4]), dict(list(servers.items())[4:])
+    runs = {**on_servers(first, run), **on_servers(rest, run)}  # 4 at a time: memory
+    return runs, dumps, cached
 
+
+@pytest.mark.server
+def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(score_servers, tiny_model):
+    """In the real server: (1) the scores collected for a decoding request (tova) and SnapKV's prefill window
+    scores equal transformers' attention probabilities for the same tokens; (2) for tova, scissorhands and snapkv
+    (radix cache on: snapkv's prompt victims leave the tree's pages by copy-on-write), Naive-Evict and vToken give
+    identical greedy tokens, vToken holds fewer pages, nothing leaks; (3) a request managed by a score policy that
+    never evicted (tova, snapkv under budget) is inserted into the radix tree: the next turn hits the cache on its
+    output. (h2o also runs in test_tp: TP 2, scores summed over the ranks.)"""
+    from transformers import AutoModelForCausalLM
+
+    runs, dumps, cached = score_servers
     # 77 + 9 tokens: 5 whole pages in the tree after the first turn, against 4 from its prompt alone
     assert cached == {"tova": 80, "snapkv": 80}, cached
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
     assert [len(seen) for seen, _ in dumps["tova"]] == [78, 79, 80, 81]
     for seen, got in dumps["tova"]:
         torch.testing.assert_close(got, hf_mean_attention(hf, seen), rtol=1e-3, atol=1e-5)
-    assert [seen for seen, _ in dumps["snapkv"]] == [prompt]  # one prefill scored, decode steps not
-    torch.testing.assert_close(dumps["snapkv"][0][1], hf_mean_attention(hf, prompt, window=8), rtol=1e-3, atol=1e-5)
+    assert [seen for seen, _ in dumps["snapkv"]] == [TURN]  # one prefill scored, decode steps not
+    torch.testing.assert_close(dumps["snapkv"][0][1], hf_mean_attention(hf, TURN, window=8), rtol=1e-3, atol=1e-5)
     for policy in SCORE_POLICIES:
         (ids_off, st_off, log_off), (ids_on, st_on, log_on) = runs[policy, "off"], runs[policy, "on"]
         assert st_off["tokens_evicted"] == st_on["tokens_evicted"] > 0, policy
@@ -244,3 +257,17 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(tiny
         for st, log in ((st_off, log_off), (st_on, log_on)):
             assert st["live_tokens"] == 0 and st["allocated_pages"] == 0 and st["position_mismatches"] == 0, policy
             assert "memory leak" not in log and "Traceback" not in log, policy
+
+
+@pytest.mark.server
+def test_server_serves_a_policy_of_ones_own(score_servers):
+    """The same load under built-in h2o and under test_policy_plugin's HeavyHitters (imported in the launcher and
+    in the scheduler from PYTHONPATH): evictions, identical victims and tokens, nothing leaked."""
+    runs = score_servers[0]
+    (ids_builtin, st_builtin, _), (ids_own, st_own, log_own) = runs["h2o", "on"], runs[SPEC, "on"]
+    assert st_own["tokens_evicted"] == st_builtin["tokens_evicted"] > 0
+    assert st_own["digest_victims"] == st_builtin["digest_victims"]
+    assert ids_own == ids_builtin
+    assert st_own["pages_reclaimed"] > 0 and st_own["position_mismatches"] == 0
+    assert f"scheduler tp_rank=0: vToken on: policy={SPEC} " in log_own  # the scheduler built it
+    assert "Traceback" not in log_own and "memory leak" not in log_own
