@@ -111,11 +111,14 @@ class PagePool:
     def private_mask(self) -> torch.Tensor:
         return self.owner >= 0
 
-    def fragmentation(self) -> float:
-        """F = 1 - mean page utilization over allocated private pages (0.0 when none)."""
+    def private_occupancy(self) -> torch.Tensor:
+        """``[allocated private pages, live tokens in them]`` (int64, on the pool's device: nothing read)."""
         mask = self.private_mask()
-        n = int(mask.sum())
-        if n == 0:
-            return 0.0
         # torch.where, not live[mask]: boolean indexing opens a parallel region (slow on shared cores)
-        return 1.0 - int(torch.where(mask, self.live, 0).sum()) / (n * self.page_size)
+        return torch.stack([mask.sum(), torch.where(mask, self.live, 0).sum()])
+
+    def fragmentation(self, occupancy: tuple[int, int] | None = None) -> float:
+        """F = 1 - mean page utilization over allocated private pages (0.0 when none); ``occupancy``: the values of
+        ``private_occupancy()`` if the caller read them already."""
+        n, live = occupancy if occupancy is not None else self.private_occupancy().tolist()
+        return 1.0 - live / (n * self.page_size) if n else 0.0

@@ -40,7 +40,7 @@ class ReclaimStats:
     release_waits: int = 0  # releases whose fence was not done yet at their step: the host waited for the copy
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flat numbers: no deep copy
 
 
 @dataclasses.dataclass

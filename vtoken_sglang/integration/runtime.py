@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
+import torch
+
 from vtoken_sglang.config import VTokenConfig
 from vtoken_sglang.core.copy_engine import make_copy_engine
 from vtoken_sglang.core.reclaimer import Reclaimer
@@ -205,15 +207,19 @@ class VTokenRuntime:
     def metrics(self) -> dict:
         pool, table = self.pool, self.table
         table.settle()
-        assert self.rows.n_managed == int(table.active.sum()), "managed-row count out of step with the Token Table"
-        tracked = pool.owner >= 0
+        active = table.active
+        # one read: managed rows, their live tokens, private pages, the live tokens in those
+        rows, live, *occupancy = torch.cat(
+            [torch.stack([active.sum(), torch.where(active, table.live_len, 0).sum()]), pool.private_occupancy()]
+        ).tolist()
+        assert self.rows.n_managed == rows, "managed-row count out of step with the Token Table"
         return {
-            "live_tokens": int(table.live_len[table.active].sum()),
+            "live_tokens": live,
             "allocated_pages": pool.used_pages(),
-            "fragmentation": round(pool.fragmentation(), 4),
+            "fragmentation": round(pool.fragmentation(occupancy), 4),
             "hook_ms": round(TIMER.ms, 3),
             "requests_managed": self.rows.requests_managed,
-            "resident_dead_tokens": int(pool.used_pages() * self.page_size - pool.live[tracked].sum()),
+            "resident_dead_tokens": pool.used_pages() * self.page_size - occupancy[1],
             "pending_pages": self.reclaimer.pending_pages(),
             "reserved_pages": self.pool.reserved_pages(),
             "vtoken_device_bytes": self.device_bytes,

@@ -54,6 +54,9 @@ def get_next_batch_to_run(scheduler, running_batch=None, last_batch=None, *args,
     rt = runtime.RUNTIME
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
+    if rt.policy is None:  # nothing is evicted: the round only counts the step
+        run_round(rt, last_batch)
+        return None
     ending = functools.cache(lambda: _ending(rt, last_batch))  # asked only in a round that may trim
     run_round(rt, last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [], ending)
     return None

@@ -52,7 +52,7 @@ class RuntimeStats:
         self.peak_tracked_pages = max(self.peak_tracked_pages, tracked)
 
     def as_dict(self, with_tree: bool) -> dict:
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flat ints: no deep copy
         if not with_tree:
             del out["peak_held_pages"]
         return out
