@@ -285,3 +285,42 @@ def test_decode_score_policy_on_a_gpu_needs_decode_graphs_off(
             check_sglang_args(args, cfg, cli_display, log=False)
     else:
         check_sglang_args(args, cfg, cli_display, log=False)
+
+
+@pytest.mark.parametrize(
+    "graph_flags, outcome",
+    [
+        ([], "disabled"),  # turned off, with a log line
+        (["--cuda-graph-backend-prefill", "disabled"], "disabled"),
+        (["--disable-cuda-graph"], None),  # both phases off: nothing to change
+        (["--cuda-graph-backend-prefill", "breakable"], "refused"),
+        (["--cuda-graph-config", '{"prefill": {"backend": "full"}}'], "refused"),
+    ],
+)
+def test_snapkv_on_a_gpu_runs_prefills_without_graphs(
+    plugins_loaded, tiny_model, monkeypatch, caplog, graph_flags, outcome
+):
+    """On a GPU, snapkv's prompts are scored in their prefill forward, which a prefill CUDA graph replays without
+    the attention hook: vToken turns prefill graphs off (saying so) and refuses an explicit prefill graph backend."""
+    import argparse
+    import logging
+
+    from sglang.srt.server_args import ServerArgs
+
+    from vtoken_sglang.config import ConfigError
+    from vtoken_sglang.integration.options import check_sglang_args, cli_display, config_from_user
+
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", tiny_model, "--device", "cuda", *graph_flags])
+    cfg = config_from_user({"enable_vtoken": True, "vtoken_policy": "snapkv", "vtoken_budget": "512"}, cli_display)
+    if outcome == "refused":
+        with pytest.raises(ConfigError, match="--cuda-graph-backend-prefill (breakable|full): --vtoken-policy snapkv"):
+            check_sglang_args(args, cfg, cli_display, log=False)
+        return
+    with caplog.at_level(logging.INFO):
+        check_sglang_args(args, cfg, cli_display)
+    assert args.cuda_graph_backend_prefill == outcome
+    said = "--vtoken-policy snapkv runs prefills without CUDA graphs" in caplog.text
+    assert said == (graph_flags == [])

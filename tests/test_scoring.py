@@ -115,7 +115,7 @@ def test_snapkv_window_scores_equal_hf(hf_run):
     want = torch.stack([p[:, -w:, :].sum(1).mean(0) for p in probs]).mean(0)
     for g in got:
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6)
-    assert col.prefills_scored == 1 and col.window_scores(lambda layer: pools[layer][0], [perm, perm]) is None
+    assert col.prefill_forwards_scored == 1 and col.window_scores(lambda layer: pools[layer][0], [perm, perm]) is None
 
 
 TRITON_CHECK = """
@@ -244,6 +244,14 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
         torch.testing.assert_close(got, hf_mean_attention(hf, seen), rtol=1e-3, atol=1e-5)
     assert [seen for seen, _ in dumps["snapkv"]] == [TURN]  # one prefill scored, decode steps not
     torch.testing.assert_close(dumps["snapkv"][0][1], hf_mean_attention(hf, TURN, window=8), rtol=1e-3, atol=1e-5)
+    # every prompt a snapkv server was sent was scored in its prefill (the dump, the two turns, then the load); every
+    # scored decode step of the others kept its queries
+    for reclaim, sent in (("off", 3 + len(PROMPT_IDS)), ("on", len(PROMPT_IDS))):
+        st = runs["snapkv", reclaim][1]
+        assert st["prefills_scored"] == sent and st["prefills_unscored"] == 0, (reclaim, st)
+    for (policy, reclaim), (_, st, _) in runs.items():
+        if policy != "snapkv":
+            assert st["steps_scored"] > 0 and st["steps_unscored"] == 0, (policy, reclaim)
     for policy in SCORE_POLICIES:
         (ids_off, st_off, log_off), (ids_on, st_on, log_on) = runs[policy, "off"], runs[policy, "on"]
         assert st_off["tokens_evicted"] == st_on["tokens_evicted"] > 0, policy
@@ -271,3 +279,37 @@ def test_server_serves_a_policy_of_ones_own(score_servers):
     assert st_own["pages_reclaimed"] > 0 and st_own["position_mismatches"] == 0
     assert f"scheduler tp_rank=0: vToken on: policy={SPEC} " in log_own  # the scheduler built it
     assert "Traceback" not in log_own and "memory leak" not in log_own
+
+
+def test_a_forward_to_score_without_queries_is_counted_and_said(caplog):
+    """A forward that was to be scored but whose scored layers kept no query (a CUDA graph replay skips their
+    hook) is not scored silently: one error line, and every such forward counted."""
+    import logging
+
+    from vtoken_sglang.core.pages import PagePool
+    from vtoken_sglang.core.token_table import TokenTable
+    from vtoken_sglang.integration.request_rows import RequestRows
+    from vtoken_sglang.integration.score_link import ScoreLink
+    from vtoken_sglang.integration.tp_group import TpGroup
+    from vtoken_sglang.policies import PolicyConfig, make_policy
+    from vtoken_sglang.scoring import ScoreCollector
+
+    table = TokenTable(4, 64, PagePool(8, 16))
+    rows = torch.tensor([0, 1])
+    for policy, counter in (("tova", "steps_unscored"), ("snapkv", "prefills_unscored")):
+        prefill = policy == "snapkv"
+        scorer = ScoreCollector(2, decode=not prefill, prefill_window=8 if prefill else 0)
+        link = ScoreLink(
+            scorer, make_policy(policy, PolicyConfig(budget=32)), RequestRows(table, table.pages), None, TpGroup()
+        )
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            for _ in range(3):
+                if prefill:
+                    scorer.begin_forward(False, [20, 12], [0, 0])
+                    link.observe_prefill(batch=None)
+                else:
+                    scorer.begin_forward(True)
+                    link.observe_decode(None, rows, torch.tensor([20, 12]), torch.tensor([True, True]))
+        assert link.metrics()[counter] == 3 and link.metrics()["prefills_scored"] == 0, policy
+        assert [r.levelname for r in caplog.records] == ["ERROR"] and counter in caplog.text, policy

@@ -7,10 +7,16 @@ policy's per-token state.
 - prefill (snapkv): after a prefill forward, each request whose prompt is now complete (not a middle chunk, not
   finished) is managed, and its window's attention over the prompt goes into the policy's state; its victims are
   taken at its first decode step, like every eviction.
+
+A forward that should have been scored but whose scored layers kept no query (their attention ran without the
+Python forward the hook is on: a CUDA graph replay) is not scored silently: an error line the first time, and
+``steps_unscored`` / ``prefills_unscored`` count it (``prefills_scored`` counts prompts, so it equals the prompts
+a snapkv server was sent, less those that ended at their prefill).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -19,6 +25,8 @@ from vtoken_sglang.integration.request_rows import RequestRows
 from vtoken_sglang.integration.tp_group import TpGroup
 from vtoken_sglang.policies import Policy
 from vtoken_sglang.scoring import ScoreCollector
+
+logger = logging.getLogger(__name__)
 
 
 class ScoreLink:
@@ -36,9 +44,28 @@ class ScoreLink:
         self.scoring_ms = 0.0  # time spent turning kept queries into scores (decode steps and prefill windows)
         self.prefill_complete: list[bool] = []  # per request of the last prefill forward: its prompt is all in
         self.dump: list | None = [] if dump else None
+        self.prompts_scored = 0
+        self.unscored = {"decode": 0, "prefill": 0}  # scored forwards whose layers kept no query
+
+    def _missed(self, kind: str) -> bool:
+        """Whether the forward was to be scored (``kind``) but none of the scored layers kept its query."""
+        if self.scorer.queries:
+            return False
+        self.unscored[kind] += 1
+        if self.unscored[kind] == 1:
+            logger.error(
+                "[vtoken] a %s forward that %s scores ran without the attention hook of its scored layers (a CUDA "
+                "graph replay?): it is not scored, so its tokens rank by age (counted in %s)",
+                kind,
+                self.policy.name,
+                "steps_unscored" if kind == "decode" else "prefills_unscored",
+            )
+        return True
 
     def observe_decode(self, batch, rows: torch.Tensor, live: torch.Tensor, running: torch.Tensor) -> None:
         """After a decode step (``rows``, ``live`` lengths and ``running`` mask of its batch)."""
+        if self.scorer.active and self._missed("decode"):
+            return
         t0 = time.perf_counter()
         slots = self.table.slots[rows, : int(live.max())].to(torch.int64)
         attn = self.scorer.scores(self.kv_pool.get_key_buffer, slots, live, self.tp.all_reduce, self.tp.size)
@@ -57,7 +84,7 @@ class ScoreLink:
 
     def observe_prefill(self, batch) -> None:
         """After a prefill forward scored with a window (snapkv)."""
-        if self.scorer.prefill_window == 0 or not self.scorer.window_segments:
+        if self.scorer.prefill_window == 0 or not self.scorer.window_segments or self._missed("prefill"):
             return
         t0 = time.perf_counter()
         rows = batch.req_pool_indices.to(torch.int64).tolist()
@@ -78,6 +105,7 @@ class ScoreLink:
         if not keep:
             return
         self.rows.manage([batch.reqs[i] for i in keep])
+        self.prompts_scored += len(keep)
         if self.dump is not None:
             self.dump.append((list(batch.reqs[keep[0]].origin_input_ids), scores[keep[0]].cpu()))
         block = torch.nn.utils.rnn.pad_sequence([scores[i] for i in keep], batch_first=True)
@@ -88,5 +116,7 @@ class ScoreLink:
         return {
             "scoring_ms": round(self.scoring_ms, 3),
             "steps_scored": self.scorer.steps_scored,
-            "prefills_scored": self.scorer.prefills_scored,
+            "prefills_scored": self.prompts_scored,
+            "steps_unscored": self.unscored["decode"],
+            "prefills_unscored": self.unscored["prefill"],
         }

@@ -22,17 +22,17 @@ def _sglang_display(display, name: str) -> str:
     return name if display is kwarg_display else "--" + name.replace("_", "-")
 
 
-def decode_graphs_off(server_args: Any) -> bool:
-    """Whether decode steps run without CUDA graphs, in any of SGLang 0.5.23's spellings: the deprecated
-    ``--disable-cuda-graph``, ``--cuda-graph-backend-decode disabled``, or the record they resolve into
-    (``disable_decode_cuda_graph``, ``cuda_graph_config["decode"]["backend"]``)."""
-    if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, "disable_decode_cuda_graph", False):
+def graphs_off(server_args: Any, phase: str) -> bool:
+    """Whether ``phase`` (``"decode"`` or ``"prefill"``) runs without CUDA graphs, in any of SGLang 0.5.23's
+    spellings: the deprecated ``--disable-cuda-graph`` (both phases), ``--cuda-graph-backend-{phase} disabled``, or
+    the record they resolve into (``disable_{phase}_cuda_graph``, ``cuda_graph_config[phase]["backend"]``)."""
+    if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, f"disable_{phase}_cuda_graph", False):
         return True
-    if getattr(server_args, "cuda_graph_backend_decode", None) == "disabled":
+    if getattr(server_args, f"cuda_graph_backend_{phase}", None) == "disabled":
         return True
     graphs = getattr(server_args, "cuda_graph_config", None)
-    decode = graphs.get("decode") if isinstance(graphs, dict) else getattr(graphs, "decode", None)
-    return (decode.get("backend") if isinstance(decode, dict) else getattr(decode, "backend", None)) == "disabled"
+    record = graphs.get(phase) if isinstance(graphs, dict) else getattr(graphs, phase, None)
+    return (record.get("backend") if isinstance(record, dict) else getattr(record, "backend", None)) == "disabled"
 
 
 def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = True) -> None:
@@ -106,8 +106,27 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
     layout = model_support.unsupported_kv_layout(server_args, flag)
     if layout:
         raise ConfigError(layout)
-    if cfg.scoring == "decode" and not on_cpu and not decode_graphs_off(server_args):
+    if cfg.scoring == "decode" and not on_cpu and not graphs_off(server_args, "decode"):
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
             f"{flag('cuda_graph_backend_decode')} disabled (or the deprecated {flag('disable_cuda_graph')})"
         )
+    # A prefill scored with a window (snapkv) keeps its queries from the attention layers' Python forward, which a
+    # prefill graph's replay (full or breakable) does not call: its prompts would tie and go oldest-first.
+    if cfg.scoring == "prefill" and not on_cpu and not graphs_off(server_args, "prefill"):
+        graphs = getattr(server_args, "cuda_graph_config", None)
+        in_config = (graphs.get("prefill") or {}).get("backend") if isinstance(graphs, dict) else None
+        chosen = getattr(server_args, "cuda_graph_backend_prefill", None) or in_config
+        if chosen is not None:
+            raise ConfigError(
+                f"{flag('cuda_graph_backend_prefill')} {chosen}: {display('vtoken_policy')} {cfg.vtoken_policy} "
+                "scores each prompt in its prefill forward, which a prefill CUDA graph replays without the attention "
+                "layers' hook; use disabled (the default with this policy)"
+            )
+        server_args.cuda_graph_backend_prefill = "disabled"
+        if log:
+            logger.info(
+                "vToken: %s %s runs prefills without CUDA graphs (each prompt is scored in its prefill forward)",
+                display("vtoken_policy"),
+                cfg.vtoken_policy,
+            )

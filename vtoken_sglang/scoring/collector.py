@@ -56,7 +56,7 @@ class ScoreCollector:
             tuple[int, int, int]
         ] = []  # prefill, per request: (first kept row, w, position of the first)
         self.steps_scored = 0
-        self.prefills_scored = 0
+        self.prefill_forwards_scored = 0
 
     def begin_forward(
         self, is_decode: bool, extend_lens: list[int] | None = None, prefix_lens: list[int] | None = None
@@ -144,5 +144,5 @@ class ScoreCollector:
         norm = heads * tp_size * len(self.queries)
         self.queries.clear()
         self.window_rows, self.window_segments = None, []
-        self.prefills_scored += 1
+        self.prefill_forwards_scored += 1
         return [o / norm for o in out]
