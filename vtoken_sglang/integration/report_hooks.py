@@ -56,13 +56,15 @@ def _after_idle(rt, fully_idle: bool) -> None:
 
 def report_decode_stats(result, reporter, *args, **kwargs) -> None:
     """AFTER ``SchedulerMetricsReporter.report_decode_stats``: at the same cadence as SGLang's periodic decode
-    log line (``--decode-log-interval``), a ``[vtoken]`` line beside it on the logging rank, and the Prometheus
-    series when metrics are enabled for this scheduler."""
+    log line (``--decode-log-interval``), a ``[vtoken]`` line beside it on the logging rank (with a policy that
+    evicts), and the Prometheus series when metrics are enabled for this scheduler."""
     rt = runtime.RUNTIME
     if rt is None or reporter.forward_ct_decode % reporter.decode_log_interval != 0:
         return
     if not (reporter.is_stats_logging_rank or reporter.current_scheduler_metrics_enabled):
         return
+    if rt.policy is None and not reporter.current_scheduler_metrics_enabled:
+        return  # policy none evicts nothing: the line would repeat figures SGLang's own line has
     m = rt.metrics()
     if reporter.is_stats_logging_rank:
         logger.info(log_line(m))
