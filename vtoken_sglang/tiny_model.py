@@ -21,6 +21,7 @@ import random
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 STAMP = "vtoken_tiny_model.json"
@@ -184,25 +185,35 @@ def _weights(spec: TinyModelSpec, vocab_size: int) -> dict:
 def build(out_dir: str | os.PathLike | None = None, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Return a directory holding the tiny model, building it unless an identical build is already there."""
     out = Path(out_dir) if out_dir is not None else default_dir(spec)
-    stamp = {"spec": dataclasses.asdict(spec), "digest": spec.digest()}
+    return reuse_or_build(
+        out, {"spec": dataclasses.asdict(spec), "digest": spec.digest()}, lambda tmp: _write(spec, tmp)
+    )
+
+
+def _write(spec: TinyModelSpec, tmp: Path) -> None:
+    from safetensors.torch import save_file
+
+    _train_tokenizer(spec, tmp)
+    vocab_size = json.loads((tmp / "tokenizer.json").read_text())["model"]["vocab"].__len__()
+    vocab_size = max(vocab_size, spec.vocab_size)
+    (tmp / "config.json").write_text(json.dumps(_config(spec, vocab_size), indent=2, sort_keys=True))
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "do_sample": False}, indent=2)
+    )
+    save_file(_weights(spec, vocab_size), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+
+def reuse_or_build(out: Path, stamp: dict, write: Callable[[Path], None]) -> Path:
+    """``out`` if its ``STAMP`` equals ``stamp``; else ``write(tmp)`` into a temporary sibling, stamp it and rename
+    it into place (a half-built model is never reused). Refuses to replace a directory that holds no stamp."""
     if (out / STAMP).is_file() and json.loads((out / STAMP).read_text()) == stamp:
         return out
     if out.exists() and any(out.iterdir()) and not (out / STAMP).is_file():
         raise FileExistsError(f"{out} exists and does not hold a vtoken tiny model; refusing to overwrite it")
-
-    from safetensors.torch import save_file
-
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=out.parent))
     try:
-        _train_tokenizer(spec, tmp)
-        vocab_size = json.loads((tmp / "tokenizer.json").read_text())["model"]["vocab"].__len__()
-        vocab_size = max(vocab_size, spec.vocab_size)
-        (tmp / "config.json").write_text(json.dumps(_config(spec, vocab_size), indent=2, sort_keys=True))
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "do_sample": False}, indent=2)
-        )
-        save_file(_weights(spec, vocab_size), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write(tmp)
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True))
         if out.exists():
             shutil.rmtree(out)
