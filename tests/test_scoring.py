@@ -244,9 +244,9 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
         torch.testing.assert_close(got, hf_mean_attention(hf, seen), rtol=1e-3, atol=1e-5)
     assert [seen for seen, _ in dumps["snapkv"]] == [TURN]  # one prefill scored, decode steps not
     torch.testing.assert_close(dumps["snapkv"][0][1], hf_mean_attention(hf, TURN, window=8), rtol=1e-3, atol=1e-5)
-    # every prompt a snapkv server was sent was scored in its prefill (the dump, the two turns, then the load); every
-    # scored decode step of the others kept its queries
-    for reclaim, sent in (("off", 3 + len(PROMPT_IDS)), ("on", len(PROMPT_IDS))):
+    # every prompt a snapkv server was sent was scored in its prefill (SGLang's own warm-up request at start, the
+    # dump, the two turns, then the load); every scored decode step of the others kept its queries
+    for reclaim, sent in (("off", 1 + 3 + len(PROMPT_IDS)), ("on", 1 + len(PROMPT_IDS))):
         st = runs["snapkv", reclaim][1]
         assert st["prefills_scored"] == sent and st["prefills_unscored"] == 0, (reclaim, st)
     for (policy, reclaim), (_, st, _) in runs.items():
