@@ -37,6 +37,8 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "sliding_window": 4096,  # served with --context-length <= 4096 (a shorter window is refused)
             "attn_logit_softcapping": 50.0,
             "final_logit_softcapping": 30.0,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_act": "gelu_pytorch_tanh",  # SGLang's Gemma-2 reads this older name
         },
     ),
     "qwen2_moe": (
