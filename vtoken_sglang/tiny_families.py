@@ -34,7 +34,7 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         {
             "head_dim": 32,
             "query_pre_attn_scalar": 32,
-            "sliding_window": 4096,  # served with --context-length <= 4096 (a shorter window is refused)
+            "sliding_window": 4096,  # SGLang attends to the last 4095: serve with --context-length <= 4095
             "attn_logit_softcapping": 50.0,
             "final_logit_softcapping": 30.0,
             "hidden_activation": "gelu_pytorch_tanh",
@@ -96,7 +96,7 @@ def build(family: str, out_dir: str | os.PathLike | None = None, spec: tiny_mode
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
     out = Path(out_dir) if out_dir is not None else default_dir(family, spec)
-    stamp = {"family": family, "digest": _digest(family, spec), "tokenizer": tiny_model.default_dir(spec).name}
+    stamp = {"family": family, "digest": _digest(family, spec)}
     return tiny_model.reuse_or_build(out, stamp, lambda tmp: _write(family, spec, tmp))
 
 
