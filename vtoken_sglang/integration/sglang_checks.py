@@ -22,17 +22,19 @@ def _sglang_display(display, name: str) -> str:
     return name if display is kwarg_display else "--" + name.replace("_", "-")
 
 
-def graphs_off(server_args: Any, phase: str) -> bool:
-    """Whether ``phase`` (``"decode"`` or ``"prefill"``) runs without CUDA graphs, in any of SGLang 0.5.23's
-    spellings: the deprecated ``--disable-cuda-graph`` (both phases), ``--cuda-graph-backend-{phase} disabled``, or
-    the record they resolve into (``disable_{phase}_cuda_graph``, ``cuda_graph_config[phase]["backend"]``)."""
+def graph_backend(server_args: Any, phase: str) -> str | None:
+    """The CUDA-graph backend chosen for ``phase`` (``"decode"`` or ``"prefill"``) in any of SGLang 0.5.23's
+    spellings, or None if none was chosen: ``"disabled"`` by the deprecated ``--disable-cuda-graph`` (both phases) or
+    ``disable_{phase}_cuda_graph``, else ``--cuda-graph-backend-{phase}``, else ``cuda_graph_config[phase]["backend"]``
+    (the flag wins over the config, as in SGLang's resolution)."""
     if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, f"disable_{phase}_cuda_graph", False):
-        return True
-    if getattr(server_args, f"cuda_graph_backend_{phase}", None) == "disabled":
-        return True
+        return "disabled"
+    flag = getattr(server_args, f"cuda_graph_backend_{phase}", None)
+    if flag is not None:
+        return flag
     graphs = getattr(server_args, "cuda_graph_config", None)
     record = graphs.get(phase) if isinstance(graphs, dict) else getattr(graphs, phase, None)
-    return (record.get("backend") if isinstance(record, dict) else getattr(record, "backend", None)) == "disabled"
+    return record.get("backend") if isinstance(record, dict) else getattr(record, "backend", None)
 
 
 def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = True) -> None:
@@ -106,17 +108,15 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
     layout = model_support.unsupported_kv_layout(server_args, flag)
     if layout:
         raise ConfigError(layout)
-    if cfg.scoring == "decode" and not on_cpu and not graphs_off(server_args, "decode"):
+    if cfg.scoring == "decode" and not on_cpu and graph_backend(server_args, "decode") != "disabled":
         raise ConfigError(
             f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
             f"{flag('cuda_graph_backend_decode')} disabled (or the deprecated {flag('disable_cuda_graph')})"
         )
     # A prefill scored with a window (snapkv) keeps its queries from the attention layers' Python forward, which a
     # prefill graph's replay (full or breakable) does not call: its prompts would tie and go oldest-first.
-    if cfg.scoring == "prefill" and not on_cpu and not graphs_off(server_args, "prefill"):
-        graphs = getattr(server_args, "cuda_graph_config", None)
-        in_config = (graphs.get("prefill") or {}).get("backend") if isinstance(graphs, dict) else None
-        chosen = getattr(server_args, "cuda_graph_backend_prefill", None) or in_config
+    chosen = graph_backend(server_args, "prefill")
+    if cfg.scoring == "prefill" and not on_cpu and chosen != "disabled":
         if chosen is not None:
             raise ConfigError(
                 f"{flag('cuda_graph_backend_prefill')} {chosen}: {display('vtoken_policy')} {cfg.vtoken_policy} "
