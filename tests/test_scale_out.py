@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 from conftest import STRICT
 
-from vtoken_sglang.serving import SglangRouter, SglangServer, default_server_args, started_together
+from vtoken_sglang.router import SglangRouter
+from vtoken_sglang.serving import SglangServer, default_server_args, started_together
 
 pytestmark = pytest.mark.server
 

@@ -2,7 +2,8 @@
 
 ``SglangServer`` is a context manager: it starts the server in its own process group with its log in a file,
 waits until ``/health`` answers 200 (failing early, with the log's tail, if the process dies), and on exit
-sends SIGTERM to the whole group, then SIGKILL after a grace period, so no SGLang process outlives it.
+sends SIGTERM to the whole group, then SIGKILL after ``stop_grace`` seconds (0: at once), so no SGLang process
+outlives it. (The router in front of several: ``router.SglangRouter``.)
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class SglangServer:
         return self
 
     def _wait_ready(self) -> None:
-        _wait_until_ready(
+        wait_until_ready(
             self.proc,
             self.url + "/health",
             lambda r: r.status == 200,
@@ -171,12 +172,12 @@ class SglangServer:
         if self.proc is None:
             return None
         if self.proc.poll() is None and self.stop_grace > 0:
-            _signal_group(self.proc.pid, signal.SIGTERM)
+            signal_group(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(self.stop_grace)
             except subprocess.TimeoutExpired:
                 pass
-        _signal_group(self.proc.pid, signal.SIGKILL)  # children that ignored SIGTERM
+        signal_group(self.proc.pid, signal.SIGKILL)  # children that ignored SIGTERM
         if self.proc.poll() is None:
             self.proc.wait(10)
         return self.proc.returncode
@@ -221,67 +222,12 @@ def started_together(*servers: SglangServer) -> Iterator[tuple[SglangServer, ...
     finally:
         for server in servers:
             if server.proc is not None and server.proc.poll() is None and server.stop_grace > 0:
-                _signal_group(server.proc.pid, signal.SIGTERM)
+                signal_group(server.proc.pid, signal.SIGTERM)
         for server in servers:
             server.stop()
 
 
-@dataclasses.dataclass
-class SglangRouter:
-    """``python -m sglang_router.launch_router`` over ``worker_urls``, as a context manager. Ready means its
-    ``/readiness`` reports every worker healthy: its ``/health`` answers 200 at once, while the workers are still
-    being registered in the background, and a request sent then fails with ``503 no_available_workers``."""
-
-    worker_urls: list[str]
-    args: list[str] = dataclasses.field(default_factory=lambda: ["--policy", "cache_aware"])
-    port: int = dataclasses.field(default_factory=free_port)
-    log_path: Path | None = None
-    startup_timeout: float = 120.0
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> SglangRouter:
-        if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="sglang-router-", suffix=".log")
-            os.close(fd)
-            self.log_path = Path(name)
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--worker-urls", *self.worker_urls, *self.args]
-        with open(self.log_path, "wb") as log:  # a file, not a pipe: the router logs every request
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=cpu_env(), start_new_session=True
-            )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def _wait_ready(self) -> None:
-        n = len(self.worker_urls)
-        _wait_until_ready(
-            self.proc,
-            self.url + "/readiness",
-            lambda r: json.loads(r.read()).get("healthy_workers") == n,
-            self.startup_timeout,
-            lambda: f"router (exit status {self.proc.returncode}); log: {self.log_path}",
-        )
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-
-def _wait_until_ready(proc: subprocess.Popen, url: str, ready, timeout: float, what) -> None:
+def wait_until_ready(proc: subprocess.Popen, url: str, ready, timeout: float, what) -> None:
     """Poll ``url`` until ``ready(response)``; fail early if ``proc`` exits. ``what()``: the process and its log,
     for the error."""
     deadline = time.monotonic() + timeout
@@ -298,7 +244,7 @@ def _wait_until_ready(proc: subprocess.Popen, url: str, ready, timeout: float, w
     raise TimeoutError(f"{what()} not ready after {timeout:.0f} s")
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
