@@ -3,7 +3,8 @@
     python3 benchmark/gpu_check.py [--device cuda|cpu] [--quick] [--json PATH]     (or benchmark/gpu_check.sh)
 
 Needs torch and triton only (no sglang, no pytest); imports ``vtoken_sglang.core`` and ``vtoken_sglang.scoring``
-and ``scoring_cost.py`` beside it. Rows (``check  result  figure  unit/notes``), printed as each one finishes:
+and ``scoring_cost.py``, ``graph_queries.py`` beside it. Rows (``check  result  figure  unit/notes``), printed as
+each one finishes:
 
 - correctness (``ok``/``FAIL``; any FAIL makes the exit status 1):
   ``copy_order``  the copy engine's copy runs after the writer of its sources and before a reader that called
@@ -20,13 +21,17 @@ and ``scoring_cost.py`` beside it. Rows (``check  result  figure  unit/notes``),
                   everything pending is freed at idle, integrity after;
   ``triton_scores``  the Triton scoring kernel equals the torch reference (GQA groups 1-4, head dims that are
                   not powers of two, partial blocks, an empty row);
-  ``window_scores``  SnapKV's ``window_scores_headsum`` on the device against a float64 CPU computation.
+  ``window_scores``  SnapKV's ``window_scores_headsum`` on the device against a float64 CPU computation;
+  ``graph_queries``  ``graph_queries.check``: decode queries written by a captured CUDA graph's replays into the
+                  score collector's static buffers equal an eager forward's, scores too, bit for bit (CPU: eager
+                  against a per-step capture).
 - timings (a FAIL here makes the exit status 2 when every correctness check passed; a copy that moved the wrong
   bits fails as a correctness check):
   ``copy_time[n]``  one relocation plan of n tokens over a Llama-8B-like KV pool (32 layers x K,V, 8 KV heads,
                   head dim 128, bf16): device ms per plan (CUDA events), tokens per second, host issue ms;
   ``scoring_cost[BxL]``  ``scoring_cost.run_shape``: torch and Triton scoring against one decode attention
-                  pass; ratio = what the server runs (Triton on CUDA, torch on CPU) / attention, target <= 1.
+                  pass; ratio = what the server runs (Triton on CUDA, torch on CPU) / attention, target <= 1;
+  ``graph_scoring``  (CUDA) what the query writes add to a replayed decode step, and one step's scoring.
 
 On CPU the copy engine is ``CpuCopyEngine``, Triton runs under its interpreter (``TRITON_INTERPRET=1``, set
 here before the kernel module is imported) and every shape is tiny.
@@ -634,6 +639,45 @@ def check_window(s: Setup) -> Row:
     )
 
 
+# ---------------------------------------------------------------------------------------------------- f. CUDA graphs
+
+
+def check_graph_queries(s: Setup) -> Row:
+    import graph_queries
+
+    r = graph_queries.check(s.device)
+    how = (
+        "graph replays equal eager forwards" if r["graph"] else "eager forward equals the per-step capture (no graphs)"
+    )
+    return Row(
+        "graph_queries",
+        "ok",
+        f"{r['steps']}",
+        f"decode steps: query buffers and scores bit for bit, {how}; forwards counted on the device {r['counted']}",
+        data=r,
+    )
+
+
+def graph_scoring_rows(s: Setup) -> Iterator[Row]:
+    """CUDA only: what the query writes add to a replayed decode step, and what scoring a step costs beside it."""
+    if s.device != "cuda":
+        return
+    import graph_queries
+
+    r = graph_queries.timing(s.device, repeats=10 if s.quick else 30)
+    added = r["step_with_queries_ms"] / r["step_ms"] - 1
+    yield Row(
+        "graph_scoring",
+        "ok",
+        f"{added:+.1%}",
+        f"query writes in a replayed step ({r['step_ms']:.3f} -> {r['step_with_queries_ms']:.3f} ms, {r['layers']} "
+        f"layers, batch {r['batch']}); scoring a step {r['scoring_ms']:.3f} ms (live {r['live']}, Hq{r['q_heads']} "
+        f"Hkv{r['kv_heads']} D{r['head_dim']})",
+        False,
+        r,
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- the table
 
 
@@ -674,6 +718,8 @@ def run_checks(s: Setup) -> list[Row]:
         single("triton_scores", check_triton, s),
         single("window_scores", check_window, s),
         guarded_rows("scoring_cost", False, scoring_rows(s)),
+        single("graph_queries", check_graph_queries, s),
+        guarded_rows("graph_scoring", False, graph_scoring_rows(s)),
     ]
     rows: list[Row] = []
     for stage in stages:

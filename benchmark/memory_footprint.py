@@ -8,8 +8,10 @@ request rows are SGLang 0.5.23's default for that pool and context (``pool_confi
 clamped to [2048, 4096], at most tokens / 2). vToken's bytes are computed by the code that allocates them in the
 server (``runtime.device_bytes`` over a ``TokenTable``, ``PagePool`` and ``RequestRows`` built on the meta
 device: nothing is allocated); the PagePool here keeps a free list, which the server's leaves to SGLang, so the
-figure is an upper bound. ``row-aligned`` is what the table held before its metadata was keyed by KV slot: one
-int32 ``logical`` and one float32 per policy state, each ``[rows x context]``. Then the tiny model in a real server
+figure is an upper bound. Decode-scored policies (h2o, tova, scissorhands) add the score collector's query buffers
+(``DecodeQueryBuffers``: every layer, ``DEFAULT_ROWS`` requests, bf16). ``row-aligned`` is what the table held
+before its metadata was keyed by KV slot: one int32 ``logical`` and one float32 per policy state, each
+``[rows x context]``. Then the tiny model in a real server
 (CPU, its 16K-token pool, SGLang's 2048 rows x 32K): ``vtoken_device_bytes`` and ``kv_pool_bytes`` as
 ``/get_server_info`` reports them. Target: <= 1% of the KV pool's bytes for every policy and real geometry.
 """
@@ -30,7 +32,8 @@ from vtoken_sglang.core.pages import PagePool  # noqa: E402
 from vtoken_sglang.core.token_table import TokenTable  # noqa: E402
 from vtoken_sglang.integration.request_rows import RequestRows  # noqa: E402
 from vtoken_sglang.integration.runtime import device_bytes  # noqa: E402
-from vtoken_sglang.policies import POLICIES  # noqa: E402
+from vtoken_sglang.policies import POLICIES, scoring  # noqa: E402
+from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers  # noqa: E402
 
 PAGE = 16
 GIB = 2**30
@@ -40,6 +43,7 @@ GIB = 2**30
 class Geometry:
     name: str
     layers: int
+    q_heads: int
     kv_heads: int
     head_dim: int
     weight_gib: float  # bf16 weights
@@ -50,9 +54,9 @@ class Geometry:
 
 
 GEOMETRIES = (
-    Geometry("Llama-3.1-8B", 32, 8, 128, 14.96),
-    Geometry("Qwen2.5-7B", 28, 4, 128, 14.19),
-    Geometry("Mistral-7B", 32, 8, 128, 13.50),
+    Geometry("Llama-3.1-8B", 32, 32, 8, 128, 14.96),
+    Geometry("Qwen2.5-7B", 28, 28, 4, 128, 14.19),
+    Geometry("Mistral-7B", 32, 32, 8, 128, 13.50),
 )
 CONTEXTS = (8192, 32768, 131072)
 
@@ -70,6 +74,15 @@ def vtoken_bytes(tokens: int, rows: int, context: int, state_names: tuple[str, .
     return device_bytes(table, pool, RequestRows(table, pool))
 
 
+def query_buffer_bytes(g: Geometry, rows: int) -> int:
+    """The score collector's decode query buffers (h2o, tova, scissorhands), every layer scored, bf16, as the server
+    sizes them with decode CUDA graphs of at most ``DEFAULT_ROWS`` requests (meta tensors: nothing is allocated)."""
+    buffers = DecodeQueryBuffers(frozenset(range(g.layers)))
+    q = torch.empty(1, g.q_heads * g.head_dim, dtype=torch.bfloat16, device="meta")
+    buffers.write(0, q, g.q_heads, g.head_dim, 1.0, 0.0, lambda: min(rows, DEFAULT_ROWS))
+    return buffers.nbytes()
+
+
 def geometry_rows(gpu_gib: float, fraction: float) -> list[dict]:
     out = []
     for g in GEOMETRIES:
@@ -79,7 +92,8 @@ def geometry_rows(gpu_gib: float, fraction: float) -> list[dict]:
             rows = sglang_default_rows(tokens, context)
             for policy, cls in POLICIES.items():
                 states = cls.state_names
-                ours = vtoken_bytes(tokens, rows, context, states)
+                queries = query_buffer_bytes(g, rows) if scoring(cls) == "decode" else 0
+                ours = vtoken_bytes(tokens, rows, context, states) + queries
                 before = rows * context * 4 * (1 + len(states))
                 out.append(
                     {
@@ -90,6 +104,7 @@ def geometry_rows(gpu_gib: float, fraction: float) -> list[dict]:
                         "policy": policy,
                         "kv_pool_bytes": tokens * g.kv_bytes_per_token,
                         "vtoken_device_bytes": ours,
+                        "query_buffer_bytes": queries,
                         "row_aligned_bytes": before,
                     }
                 )
@@ -121,7 +136,10 @@ def main() -> None:
 
     rows = geometry_rows(args.gpu_gib, args.mem_fraction)
     print(f"one {args.gpu_gib:g} GiB GPU, {args.mem_fraction:g} for weights + KV, bf16 KV, page {PAGE}")
-    print("vToken: its device bytes now; row-aligned: before, one [rows x context] tensor for logical + one per state")
+    print(
+        "vToken: its device bytes now (h2o, tova, scissorhands: with the decode query buffers, every layer scored); "
+        "row-aligned: before, one [rows x context] tensor for logical + one per state"
+    )
     print(
         f"{'model':<14}{'context':>8}{'rows':>6}{'KV pool MiB':>13}{'states':>7}{'vToken MiB':>12}{'% of KV':>9}"
         f"{'row-aligned MiB':>17}{'% of KV':>9}  policies"
@@ -130,11 +148,12 @@ def main() -> None:
     seen = set()
     for r in rows:
         states = len(POLICIES[r["policy"]].state_names)
-        key = (r["model"], r["context"], states)
+        kind = lambda c: (len(c.state_names), scoring(c) == "decode")  # noqa: E731
+        key = (r["model"], r["context"], kind(POLICIES[r["policy"]]))
         if key in seen:
             continue
         seen.add(key)
-        same = [p for p, c in POLICIES.items() if len(c.state_names) == states]
+        same = [p for p, c in POLICIES.items() if kind(c) == key[2]]
         print(
             f"{r['model']:<14}{r['context']:>8}{r['rows']:>6}{mib(r['kv_pool_bytes']):>13}{states:>7}"
             f"{mib(r['vtoken_device_bytes']):>12}{100 * r['vtoken_device_bytes'] / r['kv_pool_bytes']:>8.3f}%"

@@ -1,6 +1,6 @@
 """vToken's overhead on real SGLang: scheduler time per decode step and serving throughput, same load, per mode.
 
-    .venv/bin/python benchmark/overhead.py [--quick] [--json PATH] [--repeats R]
+    .venv/bin/python benchmark/overhead.py [--quick] [--scores] [--json PATH] [--repeats R]
 
 Modes, each on its own server (CPU, tiny model, page 16, radix cache on, a KV pool large enough that memory never
 limits the batch, so every mode runs the same batches):
@@ -23,9 +23,14 @@ runs every mode once, in a rotated order), so the drift of a shared machine fall
   or, with the worker, everything the scheduler does for it (``worker_link_ms``: poll, snapshot, send);
   ``plan_cpu/st``: the worker's share again in the scheduler thread's CPU time (``worker_link_cpu_ms``): the
   difference to ``plan_ms/step`` is time the scheduler waited for a core that another process held;
-- ``copy_ms/step``: relocation copies issued per decode step.
+- ``copy_ms/step``: relocation copies issued per decode step;
+- ``score_ms/st``: turning the kept queries into attention scores, per decode step (score policies).
 Targets: hooks-only costs < 1% throughput versus plain SGLang (read with ``spread``; the direct figure is
 ``hook_ms/step`` over ``step_ms``); with the worker, planning inside the loop < 0.2 ms per decode step.
+
+``--scores``: score policies at full speed, SGLang's overlap scheduler on in every mode: ``inline`` (random: no
+scores), ``h2o`` (scored every step) and ``h2o_every4`` (``--vtoken-score-every 4``), same load. Target: h2o's decode
+step <= 1.10 x random's.
 
 ``--sweep [N ...]`` (default 16 64 256): how vToken's host time grows with the batch. Three servers (a pool that
 holds every request whole): ``hooks``; ``inline`` (random, ratio 0.5, reclaim on); and ``inline`` again with its
@@ -62,6 +67,9 @@ MODES: dict[str, list[str]] = {
     "inline": ["--enable-vtoken", *EVICT, "--vtoken-planner", "inline"],
     "worker": ["--enable-vtoken", *EVICT, "--vtoken-planner", "worker"],
 }
+H2O = ["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
+SCORE_MODES: dict[str, list[str]] = {"h2o": H2O, "h2o_every4": [*H2O, "--vtoken-score-every", "4"]}
+ALL_MODES = {**MODES, **SCORE_MODES}
 COUNTERS = (
     "hook_ms",
     "decode_steps",
@@ -70,6 +78,7 @@ COUNTERS = (
     "worker_link_cpu_ms",
     "copy_ms",
     "pages_reclaimed",
+    "scoring_ms",
 )
 
 
@@ -114,7 +123,7 @@ def run_modes(model: str, modes: list[str], args) -> list[dict]:
             flags = (
                 default_server_args(max_total_tokens=args.max_total_tokens)
                 + ["--decode-log-interval", "40"]
-                + MODES[mode]
+                + ALL_MODES[mode]
             )
             print(f"[overhead] {mode}: starting a server ...", file=sys.stderr, flush=True)
             servers[mode] = stack.enter_context(SglangServer(model, flags))
@@ -152,6 +161,7 @@ def summarize(mode: str, args, tputs: list[float], before: dict, after: dict, lo
         else None,
         "plan_cpu_ms_per_step": per_step("worker_link_cpu_ms") if mode == "worker" else None,
         "copy_ms_per_step": per_step("copy_ms") if mode in ("inline", "worker") else None,
+        "score_ms_per_step": per_step("scoring_ms") if mode in SCORE_MODES else None,
         "pages_reclaimed": int(delta["pages_reclaimed"]),
         "decode_steps": int(steps),
         "_ids": ids,
@@ -233,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 x (64 in, 256 out), 3 repeats")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(ALL_MODES))
+    ap.add_argument(
+        "--scores",
+        action="store_true",
+        help="score policies at full speed: inline (random), h2o, h2o every 4th step, all with overlap on",
+    )
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=512)
@@ -254,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         return finish(t0, runs, args.json)
     if args.quick:
         args.requests, args.input_len, args.output_len, args.repeats = 16, 64, 256, 3
+    if args.scores:
+        args.modes = ["inline", *SCORE_MODES]
     model = str(build())
     t0 = time.monotonic()
     runs = run_modes(model, args.modes, args)
@@ -264,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     hdr = (
         f"{'mode':<14}{'out_tok/s':>10}{'spread':>8}{'vs plain':>9}{'step_ms':>9}{'hook_ms/st':>11}{'plan_ms/st':>11}"
-        f"{'plan_cpu/st':>12}{'copy_ms/st':>11}{'reclaimed':>10}"
+        f"{'plan_cpu/st':>12}{'copy_ms/st':>11}{'score_ms/st':>12}{'reclaimed':>10}"
     )
     print(hdr)
     print("-" * len(hdr))
@@ -277,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{dash(r['step_ms'], '.2f'):>9}"
             f"{dash(r['hook_ms_per_step'], '.3f'):>11}{dash(r['plan_ms_per_step'], '.3f'):>11}"
             f"{dash(r['plan_cpu_ms_per_step'], '.3f'):>12}"
-            f"{dash(r['copy_ms_per_step'], '.3f'):>11}{r['pages_reclaimed']:>10}"
+            f"{dash(r['copy_ms_per_step'], '.3f'):>11}{dash(r['score_ms_per_step'], '.3f'):>12}"
+            f"{r['pages_reclaimed']:>10}"
         )
     if "inline" in by and "worker" in by:
         print(f"inline and worker outputs identical: {'yes' if by['inline']['_ids'] == by['worker']['_ids'] else 'NO'}")
@@ -292,6 +310,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if direct is not None and direct < 0.01 else 'MISSED'} "
             f"(by the direct figure)"
         )
+    if "inline" in by and "h2o" in by:
+        base_step = by["inline"]["step_ms"]
+        for mode in SCORE_MODES:
+            if mode in by and base_step and by[mode]["step_ms"]:
+                ratio = by[mode]["step_ms"] / base_step
+                by[mode]["step_vs_random"] = round(ratio, 4)
+                target = f"; target <= 1.10: {'met' if ratio <= 1.10 else 'MISSED'}" if mode == "h2o" else ""
+                print(
+                    f"{mode}: decode step {ratio:.3f} x random's (overlap scheduler on, scoring "
+                    f"{dash(by[mode]['score_ms_per_step'], '.3f')} ms of {by[mode]['step_ms']:.2f} ms){target}"
+                )
     if "worker" in by:
         w, cpu = by["worker"]["plan_ms_per_step"], by["worker"]["plan_cpu_ms_per_step"]
         print(

@@ -19,6 +19,7 @@ CHECKS = (
     "triton_scores",
     "window_scores",
     "scoring_cost[",
+    "graph_queries",
 )
 
 

@@ -142,7 +142,7 @@ def test_good_cli_attaches_config_and_defaults(plugins_loaded, tiny_model):
     scored = prepare_server_args(
         ["--model-path", tiny_model, "--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512"]
     )
-    assert scored.disable_overlap_schedule  # a score-based policy needs each step's queries before the next forward
+    assert not scored.disable_overlap_schedule  # score policies too: a step is scored before the next one launches
 
 
 def test_without_vtoken_sglang_args_are_untouched(plugins_loaded, tiny_model):
@@ -255,36 +255,34 @@ def test_real_launcher_help_and_bad_flags(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "graph_flags, refused",
+    "graph_flags",
     [
-        ([], True),
-        (["--cuda-graph-backend-decode", "disabled"], False),
-        (["--disable-cuda-graph"], False),  # SGLang 0.5.23's deprecated spelling
-        (["--cuda-graph-backend-prefill", "disabled"], True),  # decode graphs still on
+        [],
+        ["--cuda-graph-backend-decode", "full"],
+        ["--cuda-graph-backend-decode", "breakable"],
+        ["--disable-cuda-graph"],
     ],
 )
-def test_decode_score_policy_on_a_gpu_needs_decode_graphs_off(
-    plugins_loaded, tiny_model, monkeypatch, graph_flags, refused
-):
-    """On a GPU, h2o/tova/scissorhands need decode CUDA graphs off; both of SGLang's spellings say so. (Checked on
-    the parsed flags, as the launcher checks them before SGLang resolves its record for the device.)"""
+def test_decode_score_policies_on_a_gpu_keep_their_graph_flags(plugins_loaded, tiny_model, monkeypatch, graph_flags):
+    """On a GPU, h2o/tova/scissorhands start with decode CUDA graphs and the overlap scheduler as the user chose
+    them (their queries are written into static buffers a graph's replay refills). (Checked on the parsed flags,
+    as the launcher checks them before SGLang resolves its record for the device.)"""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
 
-    from vtoken_sglang.config import ConfigError
     from vtoken_sglang.integration.options import check_sglang_args, cli_display, config_from_user
 
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(["--model-path", tiny_model, "--device", "cuda", *graph_flags])
-    cfg = config_from_user({"enable_vtoken": True, "vtoken_policy": "h2o", "vtoken_budget": "512"}, cli_display)
-    if refused:
-        with pytest.raises(ConfigError, match="--cuda-graph-backend-decode disabled"):
-            check_sglang_args(args, cfg, cli_display, log=False)
-    else:
+    before = vars(args).copy()
+    for policy in ("h2o", "tova", "scissorhands"):
+        cfg = config_from_user({"enable_vtoken": True, "vtoken_policy": policy, "vtoken_budget": "512"}, cli_display)
         check_sglang_args(args, cfg, cli_display, log=False)
+    changed = {k for k, v in vars(args).items() if before.get(k) != v}
+    assert changed <= {"page_size", "attention_backend"}, changed
 
 
 @pytest.mark.parametrize(

@@ -105,17 +105,52 @@ def test_snapkv_window_scores_equal_hf(hf_run):
     col.begin_forward(True)
     assert not col.active  # snapkv scores no decode step
     # request A: the whole prompt extended; request B: the same prompt with `prefix` tokens cached
-    col.begin_forward(False, [T, T - prefix], [0, prefix])
+    col.begin_forward(False, [T, T - prefix], [0, prefix], key="AB")
     for layer, (q, _) in enumerate(captured):
         rows = q[0].transpose(0, 1).reshape(T, -1)  # [T, Hq * D], the engine's layout
-        col.save_query(
-            layer, torch.cat([rows, rows[prefix:]]), cfg.num_attention_heads, cfg.head_dim, cfg.head_dim**-0.5
+        col.keep_query(
+            layer, torch.cat([rows, rows[prefix:]]), False, cfg.num_attention_heads, cfg.head_dim, cfg.head_dim**-0.5
         )
-    got = col.window_scores(lambda layer: pools[layer][0], [perm, perm])
+    col.begin_forward(True)  # the next forward runs before the prefill's results are processed (overlap)
+    window = col.take_window("AB")
+    got = col.window_scores(window, lambda layer: pools[layer][0], [perm, perm])
     want = torch.stack([p[:, -w:, :].sum(1).mean(0) for p in probs]).mean(0)
     for g in got:
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6)
-    assert col.prefill_forwards_scored == 1 and col.window_scores(lambda layer: pools[layer][0], [perm, perm]) is None
+    assert col.prefill_forwards_scored == 1 and col.take_window("AB") is None
+
+
+def test_static_query_buffers_equal_the_per_step_capture():
+    """Decode queries written into the collector's static buffers (what a CUDA graph's replay refills) give the
+    scores the per-step capture gave (each layer's query of that forward scored directly), bit for bit in float32:
+    over steps whose batch shrinks (rows past the batch hold an older step's queries and are not read), with every
+    other step scored, and for a batch larger than the buffers (an eager forward keeps its query instead). The
+    buffers are counted on the device once per decode forward; a forward that wrote none is seen."""
+    from vtoken_sglang.scoring import ScoreCollector
+
+    g = torch.Generator().manual_seed(5)
+    layers, Hq, Hkv, D, slots_n = 3, 4, 2, 16, 200
+    keys = [torch.randn(slots_n, Hkv, D, generator=g) for _ in range(layers)]
+    col = ScoreCollector(layers, "0,-1", every=2)
+    scored = sorted(col.layers)
+    for step, (B, W) in enumerate([(5, 40), (5, 41), (3, 42), (3, 43), (7, 44)]):
+        col.begin_forward(True)
+        qs = {layer: torch.randn(B, Hq * D, generator=g) for layer in range(layers)}
+        for layer in scored:  # the attention hook, with buffers sized for 6 requests
+            col.keep_query(layer, qs[layer], True, Hq, D, D**-0.5, 0.0, rows_bound=lambda: 6)
+        slots = torch.stack([torch.randperm(slots_n, generator=g)[:W] for _ in range(B)])
+        live = torch.randint(1, W + 1, (B,), generator=g)
+        got = col.scores(lambda layer: keys[layer], slots, live)
+        if step % 2:
+            assert got is None  # every other step is scored
+            continue
+        want = torch.zeros(B, W)
+        for layer in scored:
+            want += decode_scores_headsum(qs[layer].view(B, Hq, D), keys[layer], slots, live, D**-0.5)
+        assert torch.equal(got, want / (Hq * len(scored))), step
+    assert col.buffers.rows == 6 and col.steps_scored == 3 and col.decode_forwards_unwritten() == 0
+    col.begin_forward(True)  # a forward whose layers wrote nothing (a graph captured without the hook)
+    assert col.decode_forwards_unwritten() == 1
 
 
 TRITON_CHECK = """
@@ -160,19 +195,22 @@ def hf_mean_attention(model, ids: list[int], window: int = 0) -> torch.Tensor:
 
 
 SCORE_POLICIES = ("tova", "scissorhands", "snapkv")
+DECODE_SCORED = ("h2o", "tova", "scissorhands")
 
 
 @pytest.fixture(scope="module")
 def score_servers(tiny_model, tmp_path_factory):
-    """tova, scissorhands and snapkv with reclaim off (Naive-Evict) and on, and h2o built in and written in a
-    test module (``test_policy_plugin.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH), all at budget 96:
+    """tova, scissorhands, snapkv and h2o with reclaim off (Naive-Evict) and on, h2o written in a test module
+    (``test_policy_plugin.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH), and the decode-scored
+    policies with reclaim on and SGLang's overlap scheduler off ("serial"; the others run with it), all at budget 96:
     the same load on each, and on the reclaim-off tova and snapkv servers the scores they collect and a two-turn
     conversation first. ``(policy, reclaim)`` -> (outputs, vToken state, log), and the dumps and cached counts."""
     from vtoken_sglang.serving import SglangServer, default_server_args
 
     tmp_path = tmp_path_factory.mktemp("scores")
     configs = [(policy, reclaim) for policy in SCORE_POLICIES for reclaim in ("off", "on")]
-    configs += [("h2o", "on"), (SPEC, "on")]
+    configs += [("h2o", "off"), ("h2o", "on"), (SPEC, "on")]
+    configs += [(policy, "serial") for policy in DECODE_SCORED]  # reclaim on, overlap scheduler off
     servers, dump_of = {}, {}
     for policy, reclaim in configs:
         flags = default_server_args() + [
@@ -184,8 +222,10 @@ def score_servers(tiny_model, tmp_path_factory):
             "--vtoken-recent",
             "8",
             "--vtoken-reclaim",
-            reclaim,
+            "off" if reclaim == "off" else "on",
         ]
+        if reclaim == "serial":
+            flags.append("--disable-overlap-schedule")
         if policy == "snapkv":
             flags += ["--vtoken-window", "8"]  # radix cache on: its prompt pages go by copy-on-write
         env = {**STRICT, "PYTHONPATH": str(Path(__file__).parent)} if policy == SPEC else STRICT
@@ -220,8 +260,9 @@ def score_servers(tiny_model, tmp_path_factory):
         time.sleep(2)
         return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
 
-    first, rest = dict(list(servers.items())[:4]), dict(list(servers.items())[4:])
-    runs = {**on_servers(first, run), **on_servers(rest, run)}  # 4 at a time: memory
+    items, runs = list(servers.items()), {}
+    for at in range(0, len(items), 4):  # 4 at a time: memory
+        runs.update(on_servers(dict(items[at : at + 4]), run))
     return runs, dumps, cached
 
 
@@ -268,6 +309,22 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
 
 
 @pytest.mark.server
+def test_score_policies_with_the_overlap_scheduler_on_and_off(score_servers):
+    """h2o, tova and scissorhands keep SGLang's overlap scheduler on (each step is scored before the next forward
+    is launched): with it on and off, the same victims and tokens, and both equal Naive-Evict with the same policy."""
+    runs = score_servers[0]
+    for policy in DECODE_SCORED:
+        (ids_on, st_on, log_on), (ids_serial, st_serial, log_serial) = runs[policy, "on"], runs[policy, "serial"]
+        ids_naive, st_naive, _ = runs[policy, "off"]
+        assert "'disable_overlap_schedule': False" in log_on and "without the overlap scheduler" not in log_on
+        assert "'disable_overlap_schedule': True" in log_serial
+        assert st_on["tokens_evicted"] == st_serial["tokens_evicted"] == st_naive["tokens_evicted"] > 0, policy
+        assert st_on["digest_victims"] == st_serial["digest_victims"] == st_naive["digest_victims"], policy
+        assert ids_on == ids_serial == ids_naive, policy
+        assert st_on["pages_reclaimed"] > 0 and st_serial["pages_reclaimed"] > 0, policy
+
+
+@pytest.mark.server
 def test_server_serves_a_policy_of_ones_own(score_servers):
     """The same load under built-in h2o and under test_policy_plugin's HeavyHitters (imported in the launcher and
     in the scheduler from PYTHONPATH): evictions, identical victims and tokens, nothing leaked."""
@@ -282,9 +339,11 @@ def test_server_serves_a_policy_of_ones_own(score_servers):
 
 
 def test_a_forward_to_score_without_queries_is_counted_and_said(caplog):
-    """A forward that was to be scored but whose scored layers kept no query (a CUDA graph replay skips their
-    hook) is not scored silently: one error line, and every such forward counted."""
+    """A forward that was to be scored but whose scored layers kept no query (a CUDA graph captured without their
+    hook) is not scored silently: one error line, and every such forward counted (decode forwards: counted on the
+    device and compared when the metrics are read; prefill windows: when their results are processed)."""
     import logging
+    from types import SimpleNamespace
 
     from vtoken_sglang.core.pages import PagePool
     from vtoken_sglang.core.token_table import TokenTable
@@ -295,7 +354,7 @@ def test_a_forward_to_score_without_queries_is_counted_and_said(caplog):
     from vtoken_sglang.scoring import ScoreCollector
 
     table = TokenTable(4, 64, PagePool(8, 16))
-    rows = torch.tensor([0, 1])
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
     for policy, counter in (("tova", "steps_unscored"), ("snapkv", "prefills_unscored")):
         prefill = policy == "snapkv"
         scorer = ScoreCollector(2, decode=not prefill, prefill_window=8 if prefill else 0)
@@ -306,10 +365,9 @@ def test_a_forward_to_score_without_queries_is_counted_and_said(caplog):
         with caplog.at_level(logging.ERROR):
             for _ in range(3):
                 if prefill:
-                    scorer.begin_forward(False, [20, 12], [0, 0])
-                    link.observe_prefill(batch=None)
+                    scorer.begin_forward(False, [20, 12], [0, 0], key=("a", "b"))
+                    link.observe_prefill(batch)
                 else:
                     scorer.begin_forward(True)
-                    link.observe_decode(None, rows, torch.tensor([20, 12]), torch.tensor([True, True]))
-        assert link.metrics()[counter] == 3 and link.metrics()["prefills_scored"] == 0, policy
+            assert link.metrics()[counter] == 3 and link.metrics()["prefills_scored"] == 0, policy
         assert [r.levelname for r in caplog.records] == ["ERROR"] and counter in caplog.text, policy

@@ -14,6 +14,7 @@ import torch
 from vtoken_sglang.core.pages import tail_room
 from vtoken_sglang.integration import runtime
 from vtoken_sglang.integration.host_reads import host_array, uncounted
+from vtoken_sglang.integration.score_link import batch_key
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -110,8 +111,13 @@ def forward_batch_init_new(ret, cls, batch, *args, **kwargs):
         scorer = rt.scores.scorer
         if ret.forward_mode.is_extend() and scorer.prefill_window > 0:
             # a request whose prompt is still being chunked has inflight_middle_chunks > 0 while its chunk runs
-            rt.scores.prefill_complete = [r.inflight_middle_chunks <= 0 for r in batch.reqs]
-            scorer.begin_forward(False, ret.extend_seq_lens_cpu, ret.extend_prefix_lens_cpu)
+            scorer.begin_forward(
+                False,
+                ret.extend_seq_lens_cpu,
+                ret.extend_prefix_lens_cpu,
+                key=batch_key(batch.reqs),
+                complete=[r.inflight_middle_chunks <= 0 for r in batch.reqs],
+            )
         else:
             scorer.begin_forward(ret.forward_mode.is_decode())
     if ret.forward_mode.is_decode() and ret.positions is not None:

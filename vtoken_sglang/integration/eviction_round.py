@@ -73,14 +73,12 @@ def _trim(rt, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
     slack). Which are is decided on the host (SGLang's host lengths, the rows' host offsets and due lengths), and
     only those are looked at one by one: a round that trims nothing reads nothing from the device and loops over no
     request; in most rounds no row of the batch is due and nothing is even looked at (``RequestRows.skip_check``)."""
-    if rt.scores is not None:
+    if rt.scores is not None and rt.scores.scorer.active:  # a step to score
         gone = ending()
         running = np.fromiter(
             (not r.finished() and id(r) not in gone for r in batch.reqs), dtype=bool, count=len(batch.reqs)
         )
-        rows = batch.req_pool_indices.to(torch.int64)
-        on_device = torch.from_numpy(running).to(rows.device)
-        rt.scores.observe_decode(batch, rows, batch.seq_lens.to(torch.int64), on_device)
+        rt.scores.observe_decode(batch, batch.req_pool_indices.to(torch.int64), batch.seq_lens.to(torch.int64), running)
     if rt.rows.skip_check():
         return _NONE
     host_rows = host_array(batch.req_pool_indices_cpu)

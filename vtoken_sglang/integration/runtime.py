@@ -52,6 +52,21 @@ def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
     return table.metadata_bytes() + pool.metadata_bytes() + rows.device_bytes()
 
 
+def make_scorer(cfg: VTokenConfig, num_layers: int) -> ScoreCollector | None:
+    """The score collector of a score-based policy (None for the others). A scheduler builds it before SGLang
+    builds the model: the attention hook writes queries into it while SGLang captures its CUDA graphs."""
+    if not cfg.scoring:
+        return None
+    prefill = cfg.scoring == "prefill"
+    return ScoreCollector(
+        num_layers,
+        cfg.vtoken_score_layers,
+        cfg.vtoken_score_every,
+        decode=not prefill,
+        prefill_window=cfg.vtoken_window if prefill else 0,
+    )
+
+
 def kv_pool_bytes(kv_pool) -> int:
     """Bytes of SGLang's K/V pool (its own count: K and V, scale buffers included)."""
     size = kv_pool.get_kv_size_bytes()
@@ -73,12 +88,14 @@ class VTokenRuntime:
         tp: TpGroup | None = None,
         prompt_in_tree: bool = True,
         pending_results: Callable[[], Iterable] = tuple,
+        scorer: ScoreCollector | None = None,
         score_dump: bool = False,
     ):
         """``tree``: SGLang's radix cache when it is on; ``producer``: the forward stream when it is not this
         thread's (overlap scheduler on CUDA: copies wait for the forward in flight); ``prompt_in_tree``: the radix
         cache takes each prompt's whole pages after prefill; ``pending_results``: the overlap scheduler's queued
-        (batch, result) pairs."""
+        (batch, result) pairs; ``scorer``: the score collector the attention hook fills (score policies; built
+        here when not given)."""
         self.cfg = cfg
         self.allocator = allocator
         self.page_size = allocator.page_size
@@ -99,7 +116,6 @@ class VTokenRuntime:
         )
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
-        self.device_bytes = device_bytes(self.table, self.pool, self.rows)
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(
@@ -139,21 +155,22 @@ class VTokenRuntime:
         )
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:
-            prefill = self.policy.scored_at == "prefill"
-            scorer = ScoreCollector(
-                len(kv_pool.k_buffer),
-                cfg.vtoken_score_layers,
-                cfg.vtoken_score_every,
-                decode=not prefill,
-                prefill_window=cfg.vtoken_window if prefill else 0,
-            )
-            self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, dump=score_dump)
+            scorer = scorer or make_scorer(cfg, len(kv_pool.k_buffer))
+            self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, producer=producer, dump=score_dump)
         self.integrity = IntegrityWatch(self.reclaimer, self.rows, self.stats)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
         self.logged_rounds = 0  # stats.rounds at the last idle log line
 
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes vToken holds: the metadata, and the score collector's query buffers once allocated."""
+        queries = self.scores.scorer.buffers if self.scores is not None else None
+        return device_bytes(self.table, self.pool, self.rows) + (queries.nbytes() if queries is not None else 0)
+
     @classmethod
-    def from_scheduler(cls, scheduler, cfg: VTokenConfig, score_dump: bool = False) -> VTokenRuntime:
+    def from_scheduler(
+        cls, scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None = None, score_dump: bool = False
+    ) -> VTokenRuntime:
         """The runtime over a built SGLang scheduler's pools, tree, streams and TP group; raises ``SystemExit``
         with one line if they are not what vToken can serve (a paged allocator over one K/V pool)."""
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
@@ -179,6 +196,7 @@ class VTokenRuntime:
             tp=TpGroup.of_scheduler(),
             prompt_in_tree=not scheduler.server_args.disable_radix_cache,
             pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
+            scorer=scorer,
             score_dump=score_dump,
         )
 

@@ -2,16 +2,20 @@
 policy's per-token state.
 
 - decode (h2o, tova, scissorhands): after a scored step, every running request's attention over its live keys is
-  folded into the policy's row-aligned state. Such a request is managed from its first decode step (its state must
-  exist before it first exceeds its budget).
-- prefill (snapkv): after a prefill forward, each request whose prompt is now complete (not a middle chunk, not
-  finished) is managed, and its window's attention over the prompt goes into the policy's state; its victims are
-  taken at its first decode step, like every eviction.
+  folded into the policy's row-aligned state, in the eviction round (before the next forward starts, with SGLang's
+  overlap scheduler or without it). Such a request is managed from its first scored step (its state must exist
+  before it first exceeds its budget); its row stays dense and insertable in the radix tree until it first evicts.
+  The step reads nothing from the device: which requests run and how long their rows are come from the host.
+- prefill (snapkv): when a prefill's results are processed, each request whose prompt is now complete (not a middle
+  chunk, not finished) is managed, and its window's attention over the prompt goes into the policy's state; its
+  victims are taken at its first decode step, like every eviction. With the overlap scheduler the next forward has
+  run by then: the window's queries were copied out of their forward, and a request's row may hold that next
+  decode step's token already.
 
-A forward that should have been scored but whose scored layers kept no query (their attention ran without the
-Python forward the hook is on: a CUDA graph replay) is not scored silently: an error line the first time, and
-``steps_unscored`` / ``prefills_unscored`` count it (``prefills_scored`` counts prompts, so it equals the prompts
-a snapkv server was sent, less those that ended at their prefill).
+A forward that should have been scored but whose scored layers kept no query is not scored silently: an error line
+the first time, and ``steps_unscored`` / ``prefills_unscored`` count it (``prefills_scored`` counts prompts, so it
+equals the prompts a snapkv server was sent, less those that ended at their prefill). Decode forwards are counted on
+the device (a CUDA graph's replay runs no Python) and compared with those begun when the metrics are read.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
+from vtoken_sglang.integration.host_reads import host_array
 from vtoken_sglang.integration.request_rows import RequestRows
 from vtoken_sglang.integration.tp_group import TpGroup
 from vtoken_sglang.policies import Policy
@@ -29,78 +35,102 @@ from vtoken_sglang.scoring import ScoreCollector
 logger = logging.getLogger(__name__)
 
 
+def batch_key(reqs) -> tuple:
+    """The key a prefill's window is kept under: its requests' ids, in batch order."""
+    return tuple(r.rid for r in reqs)
+
+
 class ScoreLink:
     def __init__(
-        self, scorer: ScoreCollector, policy: Policy, rows: RequestRows, kv_pool, tp: TpGroup, dump: bool = False
+        self,
+        scorer: ScoreCollector,
+        policy: Policy,
+        rows: RequestRows,
+        kv_pool,
+        tp: TpGroup,
+        producer=None,
+        dump: bool = False,
     ):
-        """``dump``: keep (token ids seen, scores) per scored step of the batch's first request (snapkv: per
-        prefill), for ``VTOKEN_SGLANG_SCORE_DUMP``."""
+        """``producer``: the CUDA stream forwards run on when it is not the caller's (overlap scheduler): scoring
+        waits for it on the device. ``dump``: keep (token ids seen, scores) per scored step of the batch's first
+        request (snapkv: per prefill), for ``VTOKEN_SGLANG_SCORE_DUMP``."""
         self.scorer = scorer
         self.policy = policy
         self.rows = rows
         self.table = rows.table
         self.kv_pool = kv_pool
         self.tp = tp
+        self.producer = producer
         self.scoring_ms = 0.0  # time spent turning kept queries into scores (decode steps and prefill windows)
-        self.prefill_complete: list[bool] = []  # per request of the last prefill forward: its prompt is all in
         self.dump: list | None = [] if dump else None
         self.prompts_scored = 0
         self.unscored = {"decode": 0, "prefill": 0}  # scored forwards whose layers kept no query
 
-    def _missed(self, kind: str) -> bool:
-        """Whether the forward was to be scored (``kind``) but none of the scored layers kept its query."""
-        if self.scorer.queries:
-            return False
-        self.unscored[kind] += 1
-        if self.unscored[kind] == 1:
+    def _missed(self, kind: str, count: int = 1) -> None:
+        """``count`` forwards that were to be scored (``kind``) kept no query of the scored layers."""
+        first = self.unscored[kind] == 0
+        self.unscored[kind] += count
+        if first and count:
             logger.error(
                 "[vtoken] a %s forward that %s scores ran without the attention hook of its scored layers (a CUDA "
-                "graph replay?): it is not scored, so its tokens rank by age (counted in %s)",
+                "graph captured without it?): it is not scored, so its tokens rank by age (counted in %s)",
                 kind,
                 self.policy.name,
                 "steps_unscored" if kind == "decode" else "prefills_unscored",
             )
-        return True
 
-    def observe_decode(self, batch, rows: torch.Tensor, live: torch.Tensor, running: torch.Tensor) -> None:
-        """After a decode step (``rows``, ``live`` lengths and ``running`` mask of its batch)."""
-        if self.scorer.active and self._missed("decode"):
+    def observe_decode(self, batch, rows: torch.Tensor, live: torch.Tensor, running: np.ndarray) -> None:
+        """After a decode step (``rows``, ``live`` lengths on the device, ``running``: host mask of the requests
+        still running, all in batch order). No device read."""
+        if not self.scorer.active:
             return
         t0 = time.perf_counter()
-        slots = self.table.slots[rows, : int(live.max())].to(torch.int64)
+        if self.producer is not None:  # the forward of the step may still run on its own stream (overlap, CUDA)
+            torch.cuda.current_stream(rows.device).wait_stream(self.producer)
+        width = int(host_array(batch.seq_lens_cpu).max())
+        slots = self.table.slots[rows, :width].to(torch.int64)
         attn = self.scorer.scores(self.kv_pool.get_key_buffer, slots, live, self.tp.all_reduce, self.tp.size)
         self.scoring_ms += (time.perf_counter() - t0) * 1e3
         if attn is None:
             return
-        new = [r for r, run in zip(batch.reqs, running.tolist()) if run and not self.rows.is_managed(r.kv.req_pool_idx)]
-        if new:
-            self.rows.manage(new)
-        if self.dump is not None and bool(running[0]):
+        host_rows = host_array(batch.req_pool_indices_cpu)
+        new = np.flatnonzero(running & ~self.rows.host_active[host_rows])
+        if new.size:
+            self.rows.manage([batch.reqs[i] for i in new.tolist()])
+        if self.dump is not None and running[0]:
             req = batch.reqs[0]
             seen = (list(req.origin_input_ids) + list(req.output_ids))[: int(self.table.logical_len[rows[0]])]
             self.dump.append((seen, attn[0, : int(live[0])].cpu()))
-        if bool(running.any()):
-            self.policy.observe(self.table, rows[running], attn[running])
+        if running.all():
+            self.policy.observe(self.table, rows, attn)
+        elif running.any():
+            at = torch.from_numpy(np.flatnonzero(running)).to(rows.device)
+            self.policy.observe(self.table, rows[at], attn[at])
 
     def observe_prefill(self, batch) -> None:
-        """After a prefill forward scored with a window (snapkv)."""
-        if self.scorer.prefill_window == 0 or not self.scorer.window_segments or self._missed("prefill"):
+        """When a prefill's results are processed (snapkv): rank the prompts it completed by its window."""
+        if self.scorer.prefill_window == 0:
+            return
+        window = self.scorer.take_window(batch_key(batch.reqs))
+        if window is None:
+            return
+        if not window.queries:
+            self._missed("prefill")
             return
         t0 = time.perf_counter()
-        rows = batch.req_pool_indices.to(torch.int64).tolist()
-        lengths = [pos + w for _, w, pos in self.scorer.window_segments]
+        rows = host_array(batch.req_pool_indices_cpu).tolist()  # a request ended at its prefill has none now
+        lengths = window.lengths()
         slots = [self.table.slots[r, :n].to(torch.int64) for r, n in zip(rows, lengths)]
-        scores = self.scorer.window_scores(self.kv_pool.get_key_buffer, slots, self.tp.all_reduce, self.tp.size)
+        scores = self.scorer.window_scores(window, self.kv_pool.get_key_buffer, slots, self.tp.all_reduce, self.tp.size)
         self.scoring_ms += (time.perf_counter() - t0) * 1e3
-        if scores is None:
-            return
+        # a request's row is its prompt, and (overlap scheduler) the slot of a decode step prepared since
         keep = [
             i
-            for i, (req, complete) in enumerate(zip(batch.reqs, self.prefill_complete))
+            for i, (req, complete) in enumerate(zip(batch.reqs, window.complete))
             if complete
             and not req.finished()
             and not self.rows.is_managed(rows[i])
-            and req.kv.kv_committed_len == lengths[i]
+            and req.kv.kv_committed_len - lengths[i] in (0, 1)
         ]
         if not keep:
             return
@@ -113,6 +143,11 @@ class ScoreLink:
         self.policy.observe(self.table, kept_rows, block, prefill=True)
 
     def metrics(self) -> dict:
+        """Counters; checks the decode forwards written on the device against those begun (one device read)."""
+        # a forward on the producer stream may still be on its way to writing its stamp
+        unwritten = self.scorer.decode_forwards_unwritten() - (self.producer is not None)
+        if unwritten > self.unscored["decode"]:
+            self._missed("decode", unwritten - self.unscored["decode"])
         return {
             "scoring_ms": round(self.scoring_ms, 3),
             "steps_scored": self.scorer.steps_scored,

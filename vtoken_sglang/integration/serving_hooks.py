@@ -14,6 +14,8 @@ import logging
 from vtoken_sglang.integration import admission_hooks, alloc_hooks, model_support, options, report_hooks, runtime
 from vtoken_sglang.integration.eviction_round import run_round
 from vtoken_sglang.integration.runtime import VTokenRuntime
+from vtoken_sglang.scoring import ScoreCollector
+from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -21,7 +23,8 @@ logger = logging.getLogger("vtoken_sglang")
 def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
     """AROUND ``Scheduler.__init__``: first refuse an unsupported model with one line, before any weight is
     loaded (and, while SGLang builds the model, an unsupported layer: ``model_support.radix_attention_init``); then
-    let SGLang build the scheduler, and build the runtime over it."""
+    build the score collector (score policies: SGLang's CUDA graph capture runs the attention hook), let SGLang
+    build the scheduler, and build the runtime over it."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.runtime_context import get_parallel
 
@@ -30,9 +33,11 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
     if reason:
         model_support.refuse(reason)
     model_support.SERVING.update(model=model_support.model_name(model_config), context_len=model_config.context_len)
+    global SCORER
+    SCORER = runtime.make_scorer(options.current_config(server_args), model_config.num_attention_layers)
     original(scheduler, server_args, *args, **kwargs)
     cfg = options.current_config(scheduler.server_args)
-    rt = VTokenRuntime.from_scheduler(scheduler, cfg, score_dump=report_hooks.SCORE_DUMP is not None)
+    rt = VTokenRuntime.from_scheduler(scheduler, cfg, SCORER, score_dump=report_hooks.SCORE_DUMP is not None)
     runtime.RUNTIME = rt
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
     logger.info(
@@ -74,8 +79,8 @@ def _ending(rt, batch) -> frozenset:
 def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
     """AFTER ``Scheduler.process_batch_result``: after a batch that is not a decode step (a prefill, mixed or
     prebuilt batch: its requests join the decode batch), the next eviction round checks every row; after a prefill
-    scored with a window (snapkv), rank the prompts. (Score-based policies run without the overlap scheduler, so
-    the window's queries are still this prefill's.)"""
+    scored with a window (snapkv), rank the prompts (its window waited for its results, which the overlap scheduler
+    processes after the next forward)."""
     rt = runtime.RUNTIME
     if rt is None or batch is None or batch.forward_mode.is_decode():
         return
@@ -85,15 +90,38 @@ def process_batch_result(result, scheduler, batch, *args, **kwargs) -> None:
 
 
 def radix_attention_forward(result, layer, q, k, v, forward_batch, *args, **kwargs):
-    """AFTER ``RadixAttention.forward`` (registered only for score-based policies): keep the query of a scored
-    layer in a scored forward (a decode step, or a prefill's window for snapkv). The keys are in the KV pool now;
-    scores are computed after the forward."""
-    rt = runtime.RUNTIME
-    scorer = rt.scores.scorer if rt is not None and rt.scores is not None else None
-    if scorer is not None and scorer.wants(layer.layer_id):
-        scorer.save_query(layer.layer_id, q, layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, layer.logit_cap)
+    """AFTER ``RadixAttention.forward`` (registered only for score-based policies): a scored layer keeps its query.
+    Decode forwards write it into the collector's static buffers with tensor ops only, the same ops whether the
+    forward runs eagerly or is captured into a CUDA graph (whose replays then refill the buffers without this
+    hook); a scored prefill copies out its window's rows. The keys are in the KV pool now; scores are computed
+    after the forward."""
+    scorer = SCORER
+    if scorer is not None and layer.layer_id in scorer.layers:
+        scorer.keep_query(
+            layer.layer_id,
+            q,
+            forward_batch.forward_mode.is_decode(),
+            layer.tp_q_head_num,
+            layer.qk_head_dim,
+            layer.scaling,
+            layer.logit_cap,
+            _decode_rows_bound,
+        )
     return result
 
+
+def _decode_rows_bound() -> int:
+    """Query buffer rows: the larger of the collector's default and the largest decode CUDA graph (every captured
+    batch fits), at most the scheduler's running-request cap (no decode batch is larger)."""
+    from sglang.srt.runtime_context import get_exec, get_schedule
+
+    graphs = get_exec().graph.cuda_graph_config  # None without CUDA graphs
+    graph_bs = (graphs.decode.max_bs if graphs is not None else 0) or 0
+    cap = get_schedule().max_running_requests or graph_bs or DEFAULT_ROWS
+    return min(cap, max(DEFAULT_ROWS, graph_bs))
+
+
+SCORER: ScoreCollector | None = None  # this scheduler's score collector (score policies), built before the model
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"

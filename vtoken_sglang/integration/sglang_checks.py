@@ -82,17 +82,6 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
         server_args.attention_backend = "torch_native" if on_cpu else "flashinfer"
     if getattr(server_args, "pp_size", 1) > 1:
         raise ConfigError(f"{flag('pp_size')} {server_args.pp_size}: pipeline parallelism is not supported with vToken")
-    # A score-based policy scores the step that just ran with the queries its forward kept; under the overlap
-    # scheduler the next forward runs first and replaces them. Other policies run with overlap on or off.
-    if cfg.scoring and not getattr(server_args, "disable_overlap_schedule", True):
-        server_args.disable_overlap_schedule = True
-        if log:
-            logger.info(
-                "vToken: %s %s runs without the overlap scheduler (its scores need each step's queries before "
-                "the next forward)",
-                display("vtoken_policy"),
-                cfg.vtoken_policy,
-            )
     if getattr(server_args, "enable_mixed_chunk", False):
         raise ConfigError(
             f"{flag('enable_mixed_chunk')}: mixed prefill/decode batches are not supported with vToken (decode rows "
@@ -108,11 +97,6 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
     layout = model_support.unsupported_kv_layout(server_args, flag)
     if layout:
         raise ConfigError(layout)
-    if cfg.scoring == "decode" and not on_cpu and graph_backend(server_args, "decode") != "disabled":
-        raise ConfigError(
-            f"{display('vtoken_policy')} {cfg.vtoken_policy}: score collection runs outside CUDA graphs for now; add "
-            f"{flag('cuda_graph_backend_decode')} disabled (or the deprecated {flag('disable_cuda_graph')})"
-        )
     # A prefill scored with a window (snapkv) keeps its queries from the attention layers' Python forward, which a
     # prefill graph's replay (full or breakable) does not call: its prompts would tie and go oldest-first.
     chosen = graph_backend(server_args, "prefill")
