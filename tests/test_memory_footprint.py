@@ -21,4 +21,9 @@ def test_memory_footprint_of_real_geometries(tmp_path):
         per_row = 33  # live_len, logical_len, row_key, offset (int64), active (bool)
         grown = h2o[131072]["vtoken_device_bytes"] - h2o[8192]["vtoken_device_bytes"]
         assert grown == per_row * (h2o[131072]["rows"] - h2o[8192]["rows"])
-        assert h2o[131072]["row_aligned_bytes"] > 100 * h2o[131072]["vtoken_device_bytes"]
+        metadata = h2o[131072]["vtoken_device_bytes"] - h2o[131072]["query_buffer_bytes"]
+        assert h2o[131072]["row_aligned_bytes"] > 100 * metadata
+    # decode-scored policies add their query buffers: 256 rows x layers x query heads x head dim, bf16 (+ the stamp)
+    llama = {g["policy"]: g["query_buffer_bytes"] for g in geos if g["model"] == "Llama-3.1-8B"}
+    assert llama["h2o"] == llama["tova"] == llama["scissorhands"] == 256 * 32 * 32 * 128 * 2 + 8
+    assert llama["snapkv"] == llama["random"] == llama["none"] == 0
