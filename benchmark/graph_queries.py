@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vtoken_sglang.scoring import ScoreCollector
-from vtoken_sglang.scoring.reference import decode_scores_headsum
+from vtoken_sglang.scoring.reference import layers_scores_headsum
 
 
 class ToyDecoder(torch.nn.Module):
@@ -107,7 +107,8 @@ def check(device: str) -> dict:
                 kept[layer] = (h @ wq).view(B, Hq, D)
                 h = h + torch.tanh(h @ wq) @ wo
             got = eager.scores(keys, rows, live)
-            want = sum(decode_scores_headsum(kept[layer], keys(layer), rows, live, D**-0.5) for layer in kept)
+            stacked = torch.stack([kept[layer] for layer in range(layers)])
+            want = layers_scores_headsum(stacked, [keys(layer) for layer in range(layers)], rows, live, D**-0.5)
             want = want / (Hq * layers)
             same_q = torch.equal(torch.stack([kept[layer] for layer in range(layers)]), eager.buffers.q[:, :B])
             same_q = same_q and torch.equal(with_hook, h)

@@ -30,7 +30,8 @@ Targets: hooks-only costs < 1% throughput versus plain SGLang (read with ``sprea
 
 ``--scores``: score policies at full speed, SGLang's overlap scheduler on in every mode: ``inline`` (random: no
 scores), ``h2o`` (scored every step) and ``h2o_every4`` (``--vtoken-score-every 4``), same load. Target: h2o's decode
-step <= 1.10 x random's.
+step <= 1.10 x random's; measured (the steps of two servers: read with ``spread``) and direct (random's step plus
+the host time h2o adds in the hooks: the forward is the same model on the same batch).
 
 ``--sweep [N ...]`` (default 16 64 256): how vToken's host time grows with the batch. Three servers (a pool that
 holds every request whole): ``hooks``; ``inline`` (random, ratio 0.5, reclaim on); and ``inline`` again with its
@@ -311,16 +312,24 @@ def main(argv: list[str] | None = None) -> int:
             f"(by the direct figure)"
         )
     if "inline" in by and "h2o" in by:
-        base_step = by["inline"]["step_ms"]
+        base = by["inline"]
         for mode in SCORE_MODES:
-            if mode in by and base_step and by[mode]["step_ms"]:
-                ratio = by[mode]["step_ms"] / base_step
-                by[mode]["step_vs_random"] = round(ratio, 4)
-                target = f"; target <= 1.10: {'met' if ratio <= 1.10 else 'MISSED'}" if mode == "h2o" else ""
-                print(
-                    f"{mode}: decode step {ratio:.3f} x random's (overlap scheduler on, scoring "
-                    f"{dash(by[mode]['score_ms_per_step'], '.3f')} ms of {by[mode]['step_ms']:.2f} ms){target}"
-                )
+            r = by.get(mode)
+            if r is None or not base["step_ms"] or not r["step_ms"]:
+                continue
+            # measured: the steps' ratio (two servers: read with spread); direct: random's step plus the host time
+            # the score policy adds in the hooks (the forward is the same model on the same batch)
+            r["step_vs_random"] = round(r["step_ms"] / base["step_ms"], 4)
+            r["direct_vs_random"] = round(1 + (r["hook_ms_per_step"] - base["hook_ms_per_step"]) / base["step_ms"], 4)
+            target = ""
+            if mode == "h2o":
+                target = f"; target <= 1.10: {'met' if r['direct_vs_random'] <= 1.10 else 'MISSED'} (direct)"
+            print(
+                f"{mode}: decode step {r['step_vs_random']:.3f} x random's measured, {r['direct_vs_random']:.3f} x "
+                f"direct (overlap scheduler on; scoring {dash(r['score_ms_per_step'], '.3f')} ms, hooks "
+                f"{r['hook_ms_per_step']:.3f} ms against {base['hook_ms_per_step']:.3f} of a {base['step_ms']:.2f} ms "
+                f"step){target}"
+            )
     if "worker" in by:
         w, cpu = by["worker"]["plan_ms_per_step"], by["worker"]["plan_cpu_ms_per_step"]
         print(

@@ -122,11 +122,12 @@ def test_snapkv_window_scores_equal_hf(hf_run):
 
 def test_static_query_buffers_equal_the_per_step_capture():
     """Decode queries written into the collector's static buffers (what a CUDA graph's replay refills) give the
-    scores the per-step capture gave (each layer's query of that forward scored directly), bit for bit in float32:
+    scores the per-step capture gave (the queries of that forward scored directly), bit for bit in float32:
     over steps whose batch shrinks (rows past the batch hold an older step's queries and are not read), with every
     other step scored, and for a batch larger than the buffers (an eager forward keeps its query instead). The
     buffers are counted on the device once per decode forward; a forward that wrote none is seen."""
     from vtoken_sglang.scoring import ScoreCollector
+    from vtoken_sglang.scoring.reference import layers_scores_headsum
 
     g = torch.Generator().manual_seed(5)
     layers, Hq, Hkv, D, slots_n = 3, 4, 2, 16, 200
@@ -144,10 +145,13 @@ def test_static_query_buffers_equal_the_per_step_capture():
         if step % 2:
             assert got is None  # every other step is scored
             continue
-        want = torch.zeros(B, W)
-        for layer in scored:
-            want += decode_scores_headsum(qs[layer].view(B, Hq, D), keys[layer], slots, live, D**-0.5)
+        kept = torch.stack([qs[layer].view(B, Hq, D) for layer in scored])  # the queries of the forward itself
+        want = layers_scores_headsum(kept, [keys[layer] for layer in scored], slots, live, D**-0.5)
         assert torch.equal(got, want / (Hq * len(scored))), step
+        per_layer = sum(
+            decode_scores_headsum(kept[i], keys[layer], slots, live, D**-0.5) for i, layer in enumerate(scored)
+        )
+        torch.testing.assert_close(got, per_layer / (Hq * len(scored)), rtol=1e-6, atol=1e-7)  # layers at once
     assert col.buffers.rows == 6 and col.steps_scored == 3 and col.decode_forwards_unwritten() == 0
     col.begin_forward(True)  # a forward whose layers wrote nothing (a graph captured without the hook)
     assert col.decode_forwards_unwritten() == 1

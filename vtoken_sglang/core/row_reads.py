@@ -23,7 +23,7 @@ class RowReads:
     def _live_slots(self, rows: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``row_slots`` and ``valid`` of ``rows``, the mask computed once."""
         valid = self.valid(rows, width)
-        return torch.where(valid, self.slots[rows, :width].to(torch.int64), 0), valid
+        return torch.where(valid, self.slots[:, :width].index_select(0, rows).to(torch.int64), 0), valid
 
     def logical_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Logical ids of the live entries ``(rows[i], cols[i])``."""
@@ -43,14 +43,21 @@ class RowReads:
         """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
         ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
         same on every device and TP rank, whatever order the writes land in."""
-        slots, valid = self._live_slots(rows, values.shape[1])
-        self.state[name].scatter_reduce_(0, slots[valid], values[valid].to(torch.float32), "amax", include_self=False)
+        slots, values = self._padded_writes(rows, values)
+        self.state[name].scatter_reduce_(0, slots, values, "amax", include_self=False)
 
     def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
         sum of their values."""
+        slots, values = self._padded_writes(rows, values)
+        self.state[name].index_add_(0, slots, values)
+
+    def _padded_writes(self, rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat ``(slots, values)`` of a state write to ``rows``: columns past a live length go to the padding slot
+        0 with value 0 (its state stays 0, the padding page never holds a token). No boolean mask: the same
+        shapes every time, no device read."""
         slots, valid = self._live_slots(rows, values.shape[1])
-        self.state[name].index_add_(0, slots[valid], values[valid].to(torch.float32))
+        return slots.reshape(-1), torch.where(valid, values.to(torch.float32), 0.0).reshape(-1)
 
     def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The live slots of ``row`` and their logical ids."""

@@ -88,7 +88,7 @@ class ScoreLink:
         if self.producer is not None:  # the forward of the step may still run on its own stream (overlap, CUDA)
             torch.cuda.current_stream(rows.device).wait_stream(self.producer)
         width = int(host_array(batch.seq_lens_cpu).max())
-        slots = self.table.slots[rows, :width].to(torch.int64)
+        slots = self.table.slots[:, :width].index_select(0, rows)
         attn = self.scorer.scores(self.kv_pool.get_key_buffer, slots, live, self.tp.all_reduce, self.tp.size)
         self.scoring_ms += (time.perf_counter() - t0) * 1e3
         if attn is None:

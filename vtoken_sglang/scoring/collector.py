@@ -22,16 +22,23 @@ from dataclasses import dataclass, field
 import torch
 
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers
-from vtoken_sglang.scoring.reference import decode_scores_headsum, window_scores_headsum
+from vtoken_sglang.scoring.reference import layers_scores_headsum, window_scores_headsum
 
 
 def scores_impl(device: torch.device) -> Callable[..., torch.Tensor]:
-    """The Triton kernel on CUDA, the torch reference elsewhere (same contract)."""
-    if device.type == "cuda":
-        from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
+    """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA, the torch reference (all
+    layers at once) elsewhere."""
+    if device.type != "cuda":
+        return layers_scores_headsum
+    from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
 
-        return decode_scores_headsum_triton
-    return decode_scores_headsum
+    def triton_layers(q, k_buffers, slots, live_len, scale, logit_cap):
+        out = decode_scores_headsum_triton(q[0], k_buffers[0], slots, live_len, scale, logit_cap)
+        for layer in range(1, q.shape[0]):
+            out += decode_scores_headsum_triton(q[layer], k_buffers[layer], slots, live_len, scale, logit_cap)
+        return out
+
+    return triton_layers
 
 
 def resolve_layers(spec: str, num_layers: int) -> frozenset[int]:
@@ -151,12 +158,13 @@ class ScoreCollector:
         if not self.active or self.buffers is None or self.buffers.q is None:
             return None
         self.active = False
-        B = slots.shape[0]
-        acc = torch.zeros(slots.shape, dtype=torch.float32, device=slots.device)
+        q = self.buffers.queries(slots.shape[0])  # [scored layers, B, Hq, D]
         impl = scores_impl(slots.device)
-        for layer_id in sorted(self.layers):
-            scale, cap = self.buffers.params[layer_id]
-            acc += impl(self.buffers.query(layer_id, B), key_buffer(layer_id), slots, live_len, scale, cap)
+        acc = None
+        for (scale, cap), layers in self.buffers.layer_groups().items():  # one group unless layers scale apart
+            mine = q if len(layers) == q.shape[0] else q[[self.buffers.index[i] for i in layers]]
+            part = impl(mine, [key_buffer(i) for i in layers], slots, live_len, scale, cap)
+            acc = part if acc is None else acc + part
         if all_reduce is not None and tp_size > 1:
             all_reduce(acc)
         self.steps_scored += 1

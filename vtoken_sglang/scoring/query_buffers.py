@@ -48,7 +48,7 @@ class DecodeQueryBuffers:
     ) -> None:
         """From a scored layer's decode forward (``q``: ``[B, Hq * D]`` or ``[B, Hq, D]``). ``rows_bound()``: the
         largest decode batch the engine can run (asked once, at the first write)."""
-        q = q.detach().reshape(-1, num_heads, head_dim)
+        q = q.reshape(-1, num_heads, head_dim)
         if self.q is None:
             self._allocate(q, rows_bound())
         i = self.index[layer_id]
@@ -63,7 +63,8 @@ class DecodeQueryBuffers:
             self.overflow[layer_id] = q
         if i == 0:
             self.stamp.add_(1)
-        self.params[layer_id] = (scale, logit_cap)
+        if layer_id not in self.params:
+            self.params[layer_id] = (scale, logit_cap)
 
     def _allocate(self, q: torch.Tensor, rows: int) -> None:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():  # a graph would own (and refill) them
@@ -71,11 +72,19 @@ class DecodeQueryBuffers:
         self.q = torch.zeros(len(self.index), max(rows, 1), *q.shape[1:], dtype=q.dtype, device=q.device)
         self.stamp = torch.zeros(1, dtype=torch.int64, device=q.device)
 
-    def query(self, layer_id: int, batch: int) -> torch.Tensor:
-        """``[batch, Hq, D]``: the last decode forward's queries of ``layer_id`` (``batch`` = its size)."""
+    def queries(self, batch: int) -> torch.Tensor:
+        """``[scored layers, batch, Hq, D]`` (layers in id order): the last decode forward's queries (``batch`` = its
+        size)."""
         if batch > self.rows:
-            return self.overflow[layer_id][:batch]
-        return self.q[self.index[layer_id], :batch]
+            return torch.stack([self.overflow[layer][:batch] for layer in self.index])
+        return self.q[:, :batch]
+
+    def layer_groups(self) -> dict[tuple[float, float], list[int]]:
+        """Scored layer ids by their ``(scale, logit cap)``, in id order (one group for most models)."""
+        groups: dict[tuple[float, float], list[int]] = {}
+        for layer in self.index:
+            groups.setdefault(self.params[layer], []).append(layer)
+        return groups
 
     def written(self) -> int:
         """Decode forwards written so far (one device read)."""

@@ -13,6 +13,8 @@ holds, so tensor-parallel ranks add their partial sums (one all-reduce) and divi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -27,19 +29,39 @@ def decode_scores_headsum(
     """``q``: ``[B, Hq, D]``; ``k_buffer``: ``[num_slots, Hkv, D]``; ``slots``: ``[B, W]`` (entries past
     ``live_len`` are ignored); returns ``[B, W]`` float32 = softmax attention summed over the ``Hq`` heads.
     ``logit_cap > 0``: logits are soft-capped (``cap * tanh(x / cap)``) before the softmax, as the model does."""
-    B, Hq, D = q.shape
-    Hkv = k_buffer.shape[1]
+    return layers_scores_headsum(q[None], [k_buffer], slots, live_len, scale, logit_cap)
+
+
+def layers_scores_headsum(
+    q: torch.Tensor,
+    k_buffers: Sequence[torch.Tensor],
+    slots: torch.Tensor,
+    live_len: torch.Tensor,
+    scale: float,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:
+    """``decode_scores_headsum`` of ``L`` layers at once, summed over them: ``q`` ``[L, B, Hq, D]``, ``k_buffers``
+    one ``[num_slots, Hkv, D]`` per layer (same ``scale`` and ``logit_cap``). One gather per layer, then one matmul,
+    softmax and sum for all layers (few ops: on a CPU each costs more than its arithmetic)."""
+    L, B, Hq, D = q.shape
+    Hkv = k_buffers[0].shape[1]
     assert Hq % Hkv == 0, "query heads must be a multiple of KV heads"
     W = slots.shape[1]
-    valid = torch.arange(W, device=slots.device)[None, :] < live_len.to(slots.device)[:, None]
-    keys = k_buffer[torch.where(valid, slots, 0).to(torch.int64)]  # [B, W, Hkv, D]
-    qg = q.to(torch.float32).view(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
-    logits = torch.einsum("bkgd,bwkd->bkgw", qg, keys.to(torch.float32)) * scale
+    dev = slots.device
+    padding = torch.arange(W, device=dev)[None, :] >= live_len.to(dev)[:, None]
+    rows = slots.masked_fill(padding, 0).to(torch.int64)
+    # (slot, KV head) pairs in [B, Hkv, W] order: one gather per layer lays each head's keys out contiguously
+    index = (rows[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[None, :, None]).reshape(-1)
+    keys = torch.empty(L, B * Hkv * W, D, dtype=torch.float32, device=dev)
+    for layer, k_buffer in enumerate(k_buffers):
+        keys[layer].copy_(k_buffer.reshape(-1, D).index_select(0, index))
+    qg = q.to(torch.float32).view(L, B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
+    logits = torch.matmul(qg, keys.view(L, B, Hkv, W, D).transpose(-1, -2)).mul_(scale)  # [L, B, Hkv, group, W]
     if logit_cap > 0:
         logits = logit_cap * torch.tanh(logits / logit_cap)
-    logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
+    logits = logits.masked_fill_(padding[None, :, None, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with no live key (not expected) give 0
-    return probs.sum(dim=(1, 2))
+    return probs.view(L, B, Hq, W).sum(2).sum(0)
 
 
 def window_scores_headsum(
