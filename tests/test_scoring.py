@@ -199,22 +199,24 @@ def hf_mean_attention(model, ids: list[int], window: int = 0) -> torch.Tensor:
 
 
 SCORE_POLICIES = ("tova", "scissorhands", "snapkv")
-DECODE_SCORED = ("h2o", "tova", "scissorhands")
+# servers run with SGLang's overlap scheduler off: Naive-Evict for tova and scissorhands, and h2o written in a test
+# module; their vToken counterparts (and h2o built in) run with it on
+SERIAL = {("tova", "off"), ("scissorhands", "off"), (SPEC, "on")}
+TWO_TURNS = {("tova", "off"), ("snapkv", "off"), ("h2o", "on")}  # a two-turn conversation before the load
 
 
 @pytest.fixture(scope="module")
 def score_servers(tiny_model, tmp_path_factory):
-    """tova, scissorhands, snapkv and h2o with reclaim off (Naive-Evict) and on, h2o written in a test module
-    (``test_policy_plugin.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH), and the decode-scored
-    policies with reclaim on and SGLang's overlap scheduler off ("serial"; the others run with it), all at budget 96:
-    the same load on each, and on the reclaim-off tova and snapkv servers the scores they collect and a two-turn
-    conversation first. ``(policy, reclaim)`` -> (outputs, vToken state, log), and the dumps and cached counts."""
+    """tova, scissorhands and snapkv with reclaim off (Naive-Evict) and on, and h2o built in and written in a test
+    module (``test_policy_plugin.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH), all at budget 96, with
+    SGLang's overlap scheduler on except ``SERIAL``: the same load on each; first, on the reclaim-off tova and
+    snapkv servers the scores they collect, and on ``TWO_TURNS`` a two-turn conversation. ``(policy, reclaim)`` ->
+    (outputs, vToken state, log), and the dumps and cached counts."""
     from vtoken_sglang.serving import SglangServer, default_server_args
 
     tmp_path = tmp_path_factory.mktemp("scores")
     configs = [(policy, reclaim) for policy in SCORE_POLICIES for reclaim in ("off", "on")]
-    configs += [("h2o", "off"), ("h2o", "on"), (SPEC, "on")]
-    configs += [(policy, "serial") for policy in DECODE_SCORED]  # reclaim on, overlap scheduler off
+    configs += [("h2o", "on"), (SPEC, "on")]
     servers, dump_of = {}, {}
     for policy, reclaim in configs:
         flags = default_server_args() + [
@@ -226,9 +228,9 @@ def score_servers(tiny_model, tmp_path_factory):
             "--vtoken-recent",
             "8",
             "--vtoken-reclaim",
-            "off" if reclaim == "off" else "on",
+            reclaim,
         ]
-        if reclaim == "serial":
+        if (policy, reclaim) in SERIAL:
             flags.append("--disable-overlap-schedule")
         if policy == "snapkv":
             flags += ["--vtoken-window", "8"]  # radix cache on: its prompt pages go by copy-on-write
@@ -249,7 +251,8 @@ def score_servers(tiny_model, tmp_path_factory):
                 time.sleep(0.5)
                 steps = torch.load(dump) if dump.exists() else []
             dumps[policy] = steps
-            # the next turn of that conversation: its first turn (prompt and output) was never evicted from, so
+        if config in TWO_TURNS:
+            # a two-turn conversation under budget: its first turn (prompt and output) was never evicted from, so
             # it was inserted into the radix tree whole, as plain SGLang inserts it
             first = s.post(
                 "/generate", {"input_ids": TURN, "sampling_params": {"max_new_tokens": 9, "temperature": 0.0}}
@@ -276,13 +279,13 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
     scores equal transformers' attention probabilities for the same tokens; (2) for tova, scissorhands and snapkv
     (radix cache on: snapkv's prompt victims leave the tree's pages by copy-on-write), Naive-Evict and vToken give
     identical greedy tokens, vToken holds fewer pages, nothing leaks; (3) a request managed by a score policy that
-    never evicted (tova, snapkv under budget) is inserted into the radix tree: the next turn hits the cache on its
-    output. (h2o also runs in test_tp: TP 2, scores summed over the ranks.)"""
+    never evicted (tova, snapkv, h2o under budget) is inserted into the radix tree: the next turn hits the cache on
+    its output. (h2o also runs in test_tp: TP 2, scores summed over the ranks.)"""
     from transformers import AutoModelForCausalLM
 
     runs, dumps, cached = score_servers
     # 77 + 9 tokens: 5 whole pages in the tree after the first turn, against 4 from its prompt alone
-    assert cached == {"tova": 80, "snapkv": 80}, cached
+    assert cached == {"tova": 80, "snapkv": 80, "h2o": 80}, cached
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
     assert [len(seen) for seen, _ in dumps["tova"]] == [78, 79, 80, 81]
     for seen, got in dumps["tova"]:
@@ -314,18 +317,23 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
 
 @pytest.mark.server
 def test_score_policies_with_the_overlap_scheduler_on_and_off(score_servers):
-    """h2o, tova and scissorhands keep SGLang's overlap scheduler on (each step is scored before the next forward
-    is launched): with it on and off, the same victims and tokens, and both equal Naive-Evict with the same policy."""
+    """h2o, tova and scissorhands keep SGLang's overlap scheduler on (each step is scored before the next forward is
+    launched): with it on (vToken) and off (Naive-Evict; h2o: the same ranking written in a test module, reclaim
+    on), the same victims and tokens."""
     runs = score_servers[0]
-    for policy in DECODE_SCORED:
-        (ids_on, st_on, log_on), (ids_serial, st_serial, log_serial) = runs[policy, "on"], runs[policy, "serial"]
-        ids_naive, st_naive, _ = runs[policy, "off"]
-        assert "'disable_overlap_schedule': False" in log_on and "without the overlap scheduler" not in log_on
-        assert "'disable_overlap_schedule': True" in log_serial
-        assert st_on["tokens_evicted"] == st_serial["tokens_evicted"] == st_naive["tokens_evicted"] > 0, policy
-        assert st_on["digest_victims"] == st_serial["digest_victims"] == st_naive["digest_victims"], policy
-        assert ids_on == ids_serial == ids_naive, policy
-        assert st_on["pages_reclaimed"] > 0 and st_serial["pages_reclaimed"] > 0, policy
+    pairs = [
+        (("h2o", "on"), (SPEC, "on")),
+        (("tova", "on"), ("tova", "off")),
+        (("scissorhands", "on"), ("scissorhands", "off")),
+    ]
+    for on, off in pairs:
+        (ids_on, st_on, log_on), (ids_off, st_off, log_off) = runs[on], runs[off]
+        assert "'disable_overlap_schedule': False" in log_on and "without the overlap scheduler" not in log_on, on
+        assert "'disable_overlap_schedule': True" in log_off, off
+        assert st_on["tokens_evicted"] == st_off["tokens_evicted"] > 0, on
+        assert st_on["digest_victims"] == st_off["digest_victims"], on
+        assert ids_on == ids_off, on
+        assert st_on["steps_scored"] > 0 and st_off["steps_scored"] > 0, on
 
 
 @pytest.mark.server
