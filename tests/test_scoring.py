@@ -155,6 +155,14 @@ def test_static_query_buffers_equal_the_per_step_capture():
     assert col.buffers.rows == 6 and col.steps_scored == 3 and col.decode_forwards_unwritten() == 0
     col.begin_forward(True)  # a forward whose layers wrote nothing (a graph captured without the hook)
     assert col.decode_forwards_unwritten() == 1
+    # writes before counting starts (a graph capture's eager warm-ups) do not hide a forward that wrote nothing
+    warm = ScoreCollector(layers, "all")
+    for _ in range(3):
+        for layer in range(layers):
+            warm.keep_query(layer, torch.randn(2, Hq * D), True, Hq, D, D**-0.5)
+    warm.start_counting()
+    warm.begin_forward(True)
+    assert warm.decode_forwards_unwritten() == 1
 
 
 TRITON_CHECK = """

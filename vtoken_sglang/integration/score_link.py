@@ -55,6 +55,7 @@ class ScoreLink:
         waits for it on the device. ``dump``: keep (token ids seen, scores) per scored step of the batch's first
         request (snapkv: per prefill), for ``VTOKEN_SGLANG_SCORE_DUMP``."""
         self.scorer = scorer
+        scorer.start_counting()  # built after SGLang captured its graphs
         self.policy = policy
         self.rows = rows
         self.table = rows.table

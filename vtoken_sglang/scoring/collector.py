@@ -80,6 +80,7 @@ class ScoreCollector:
         self.prefill_window = prefill_window
         self.buffers = DecodeQueryBuffers(self.layers) if decode else None
         self.decode_forwards = 0  # decode forwards begun (compared with ``buffers.written()``)
+        self.written_before = 0  # forwards the buffers counted before ``start_counting`` (graph capture warm-ups)
         self.active = False  # the last decode forward is to be scored (every ``every``-th)
         self.open_window: PrefillWindow | None = None  # the window of the forward running now
         self.windows: deque[PrefillWindow] = deque()  # windows whose results are not processed yet
@@ -136,12 +137,17 @@ class ScoreCollector:
             q = q.detach().reshape(-1, num_heads, head_dim)
             window.queries[layer_id] = (q.index_select(0, window.rows.to(q.device)), scale, logit_cap)
 
+    def start_counting(self) -> None:
+        """From now on every decode forward begun must be written: what the buffers counted before (the eager
+        warm-ups of a CUDA graph capture, which begin no forward here) is set aside (one device read)."""
+        self.written_before = (self.buffers.written() if self.buffers is not None else 0) - self.decode_forwards
+
     def decode_forwards_unwritten(self) -> int:
         """Decode forwards begun whose scored layers wrote no query (a CUDA graph captured without them; one device
         read)."""
         if self.buffers is None:
             return 0
-        return max(self.decode_forwards - self.buffers.written(), 0)
+        return max(self.decode_forwards - (self.buffers.written() - self.written_before), 0)
 
     def scores(
         self,
