@@ -30,6 +30,7 @@ class DecodeQueryBuffers:
         self.q: torch.Tensor | None = None
         self.stamp: torch.Tensor | None = None
         self.params: dict[int, tuple[float, float]] = {}  # layer -> (softmax scale, logit cap)
+        self._groups: dict[tuple[float, float], list[int]] | None = None
         self.overflow: dict[int, torch.Tensor] = {}
 
     @property
@@ -80,11 +81,13 @@ class DecodeQueryBuffers:
         return self.q[:, :batch]
 
     def layer_groups(self) -> dict[tuple[float, float], list[int]]:
-        """Scored layer ids by their ``(scale, logit cap)``, in id order (one group for most models)."""
-        groups: dict[tuple[float, float], list[int]] = {}
-        for layer in self.index:
-            groups.setdefault(self.params[layer], []).append(layer)
-        return groups
+        """Scored layer ids by their ``(scale, logit cap)``, in id order (one group for most models). Asked after a
+        decode forward wrote every scored layer; a layer's parameters never change, so grouped once."""
+        if self._groups is None:
+            self._groups = {}
+            for layer in self.index:
+                self._groups.setdefault(self.params[layer], []).append(layer)
+        return self._groups
 
     def written(self) -> int:
         """Decode forwards written so far (one device read)."""

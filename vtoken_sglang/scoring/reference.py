@@ -49,9 +49,9 @@ def layers_scores_headsum(
     W = slots.shape[1]
     dev = slots.device
     padding = torch.arange(W, device=dev)[None, :] >= live_len.to(dev)[:, None]
-    rows = slots.masked_fill(padding, 0).to(torch.int64)
+    live_slots = slots.masked_fill(padding, 0).to(torch.int64)  # padding reads slot 0, masked below
     # (slot, KV head) pairs in [B, Hkv, W] order: one gather per layer lays each head's keys out contiguously
-    index = (rows[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[None, :, None]).reshape(-1)
+    index = (live_slots[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[None, :, None]).reshape(-1)
     keys = torch.empty(L, B * Hkv * W, D, dtype=torch.float32, device=dev)
     for layer, k_buffer in enumerate(k_buffers):
         keys[layer].copy_(k_buffer.reshape(-1, D).index_select(0, index))
