@@ -62,7 +62,7 @@ def test_cli_prints_directory(tmp_path, capsys):
     assert json.loads((tmp_path / "cli" / STAMP).read_text())["digest"] == TinyModelSpec().digest()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma2", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma2", "mixtral", "qwen3_moe", "qwen2_moe"])
 def test_family_builds_bit_for_bit_and_is_what_it_says(family, tmp_path):
     """Each family's tiny model: the same bytes from two builds, reused when there, loaded by transformers as its
     architecture with the family's own parts, and taken by SGLang's model config and registry as servable."""
@@ -79,16 +79,23 @@ def test_family_builds_bit_for_bit_and_is_what_it_says(family, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in a.iterdir()}
     assert tiny_families.build(family, a) == a and {p.name: p.stat().st_mtime_ns for p in a.iterdir()} == before
     arch = tiny_families.FAMILIES[family][0]
-    model = AutoModelForCausalLM.from_pretrained(a, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(a, dtype=torch.float32)
     assert type(model).__name__ == arch
     names = {n for n, _ in model.named_parameters()}
-    own = {"qwen2": "self_attn.q_proj.bias", "qwen3": "self_attn.q_norm.weight", "qwen2_moe": "mlp.experts"}
+    own = {
+        "qwen2": "self_attn.q_proj.bias",
+        "qwen3": "self_attn.q_norm.weight",
+        "qwen2_moe": "mlp.shared_expert_gate",
+        "qwen3_moe": "mlp.experts",
+        "mixtral": "mlp.experts",
+    }
     assert family not in own or any(own[family] in n for n in names), family
     if family == "gemma2":
         assert model.config.attn_logit_softcapping == 50.0 and model.config.sliding_window == 4096
+        assert model.config.tie_word_embeddings and "lm_head.weight" not in names  # as SGLang's Gemma-2 computes
     ids = torch.tensor([[5, 6, 7, 8]])
     assert model.generate(ids, max_new_tokens=4, do_sample=False).tolist() == (
-        AutoModelForCausalLM.from_pretrained(b, torch_dtype=torch.float32)
+        AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32)
         .generate(ids, max_new_tokens=4, do_sample=False)
         .tolist()
     )

@@ -39,7 +39,14 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "final_logit_softcapping": 30.0,
             "hidden_activation": "gelu_pytorch_tanh",
             "hidden_act": "gelu_pytorch_tanh",  # SGLang's Gemma-2 reads this older name
+            "tie_word_embeddings": True,  # SGLang's Gemma-2 always computes logits with the embedding
         },
+    ),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 96, "norm_topk_prob": True},
     ),
     "qwen2_moe": (
         "Qwen2MoeForCausalLM",
@@ -55,6 +62,10 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
 SPEC = tiny_model.TinyModelSpec()  # the geometry every family shares by default
 # parameters whose value multiplies as (1 + w) in the family's norms: drawn around 0, the others' norms are 1
 _OFFSET_NORMS = ("gemma2",)
+# families that scale their input embeddings by sqrt(hidden size) and compute logits with the same (tied) matrix:
+# their embeddings are drawn that much smaller, or the residual stream is the input token's own embedding and
+# every greedy output repeats it
+_NORMALIZED_TIED_EMBEDDINGS = ("gemma2",)
 
 
 def family_config(family: str, spec: tiny_model.TinyModelSpec = SPEC, vocab_size: int = 0):
@@ -71,11 +82,10 @@ def family_config(family: str, spec: tiny_model.TinyModelSpec = SPEC, vocab_size
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         rope_theta=spec.rope_theta,
-        tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        **extra,
+        **{"tie_word_embeddings": False, **extra},
     )
     cfg.architectures = [arch]
     return cfg
@@ -87,7 +97,12 @@ def default_dir(family: str, spec: tiny_model.TinyModelSpec = SPEC) -> Path:
 
 
 def _digest(family: str, spec: tiny_model.TinyModelSpec) -> str:
-    key = {"family": family, "family_spec": FAMILIES[family], "spec": dataclasses.asdict(spec)}
+    key = {
+        "family": family,
+        "family_spec": FAMILIES[family],
+        "spec": dataclasses.asdict(spec),
+        "draw": [family in _OFFSET_NORMS, family in _NORMALIZED_TIED_EMBEDDINGS],
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -111,7 +126,7 @@ def _write(family: str, spec: tiny_model.TinyModelSpec, tmp: Path) -> None:
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
     cfg = family_config(family, spec, vocab)
     with torch.device("meta"):
-        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}
+        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}  # tied: once
     gen = torch.Generator().manual_seed(spec.seed)
     state = {}
     for name in sorted(shapes):
@@ -119,8 +134,12 @@ def _write(family: str, spec: tiny_model.TinyModelSpec, tmp: Path) -> None:
             state[name] = torch.ones(shapes[name])
         else:
             state[name] = torch.randn(shapes[name], generator=gen) * spec.init_std
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
-    model.load_state_dict({n: t.to(torch.bfloat16) for n, t in state.items()}, strict=True)
+        if name.endswith("embed_tokens.weight") and family in _NORMALIZED_TIED_EMBEDDINGS:
+            state[name] /= spec.hidden_size**0.5
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict({n: t.to(torch.bfloat16) for n, t in state.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"} and (not missing or cfg.tie_word_embeddings)
+    model.tie_weights()
     model.save_pretrained(tmp, safe_serialization=True)
 
 

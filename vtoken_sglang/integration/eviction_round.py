@@ -28,7 +28,7 @@ from collections.abc import Callable, Set
 import numpy as np
 import torch
 
-from vtoken_sglang.integration import host_reads
+from vtoken_sglang.integration import host_reads, victim_log
 from vtoken_sglang.integration.host_reads import host_array
 
 _NONE = np.empty(0, dtype=np.int64)
@@ -100,6 +100,8 @@ def _trim(rt, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
     vr, vc = rt.policy.select_victims(table, rows)
     if vr.numel():
         rt.stats.fold("victims", table.row_key[vr], table.logical_at(vr, vc))
+        if victim_log.PATH:
+            victim_log.record(over, rows, table.logical_len[rows], vr, table.logical_at(vr, vc))
         rt.pool.free(table.evict(vr, vc))
         rt.stats.tokens_evicted += int(vr.numel())
     return at
