@@ -64,3 +64,92 @@ def test_gated_activations(name, act):
 def test_speculative_helpers_refuse_clearly():
     with pytest.raises(NotImplementedError, match="speculative decoding"):
         sgl_kernel.verify_tree_greedy_cpu()
+
+
+def test_sigmoid_gate_through_qwen3_5():
+    """Qwen3.5's CPU ``fused_sigmoid_mul`` (the op, in place) is ``attn_output * sigmoid(gate)``, its documented
+    definition, with the gate given per head as the model gives it."""
+    from sglang.srt.models import qwen3_5
+
+    g = torch.Generator().manual_seed(1)
+    x, gate = torch.randn(5, 4 * 8, generator=g), torch.randn(5, 4, 16, generator=g)[..., :8]  # a strided gate
+    want = x * torch.sigmoid(gate.reshape(5, 32))
+    kept = x.clone()
+    assert torch.allclose(qwen3_5.fused_sigmoid_mul(x, gate, inplace=False), want) and torch.equal(x, kept)
+    assert qwen3_5.fused_sigmoid_mul(x, gate) is x and torch.allclose(x, want)
+
+
+def test_gemma_qk_norms_equal_sglangs_native_norm():
+    """The QK norms Qwen3.5 runs on CPU equal SGLang's ``GemmaRMSNorm.forward_native`` per head; the gated form
+    takes q and the gate from the per-head interleaved projection."""
+    from sglang.srt.layers.layernorm import GemmaRMSNorm
+
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, d = 4, 2, 16
+    norms = [GemmaRMSNorm(d, eps=1e-6) for _ in range(2)]
+    for n in norms:
+        n.weight.data.copy_(torch.randn(d, generator=g) * 0.1)
+    q, k = torch.randn(3, heads * d, generator=g), torch.randn(3, kv_heads * d, generator=g)
+    want_q, want_k = (n.forward_native(t.reshape(-1, d)) for n, t in zip(norms, (q, k)))
+    got_q, got_k = torch.ops.sgl_kernel.fused_qk_gemma_rmsnorm_cpu(q, k, norms[0].weight, norms[1].weight, 1e-6, d)
+    assert torch.allclose(got_q, want_q, atol=1e-6) and torch.allclose(got_k, want_k, atol=1e-6)
+    gate = torch.randn(3, heads * d, generator=g)
+    q_gate = torch.stack([q.reshape(3, heads, d), gate.reshape(3, heads, d)], 2).reshape(3, -1)
+    got = torch.ops.sgl_kernel.fused_qk_gemma_rmsnorm_with_gate_cpu(
+        q_gate, k, norms[0].weight, norms[1].weight, 1e-6, d, heads
+    )
+    assert torch.allclose(got[0], want_q, atol=1e-6) and torch.allclose(got[1], want_k, atol=1e-6)
+    assert torch.equal(got[2], gate.reshape(-1, d))
+
+
+def test_gdn_projection_split():
+    """``[q | k | v | z]`` and ``[b | a]`` per token -> ``[q | k | v]``, z per value head, b, a."""
+    nqk, nv, hqk, hv, tokens = 2, 4, 8, 6, 3
+    qkv = 2 * nqk * hqk + nv * hv
+    qkvz = torch.arange(tokens * (qkv + nv * hv), dtype=torch.float32).reshape(tokens, -1)
+    ba = torch.arange(tokens * 2 * nv, dtype=torch.float32).reshape(tokens, -1)
+    mixed, z, b, a = torch.ops.sgl_kernel.fused_qkvzba_split_reshape_cat_contiguous_cpu(qkvz, ba, nqk, nv, hqk, hv)
+    assert torch.equal(mixed, qkvz[:, :qkv]) and torch.equal(z.reshape(tokens, -1), qkvz[:, qkv:])
+    assert z.shape == (tokens, nv, hv) and torch.equal(b, ba[:, :nv]) and torch.equal(a, ba[:, nv:])
+
+
+# Model modules SGLang 0.5.23 cannot import on this CPU set-up, and why: none of them is a model vToken serves
+# (mamba hybrids and Inkling are refused; Grok-1's router and MiDashengLM's audio stack are not here).
+IMPORT_ERRORS_LEFT = {
+    "sglang.srt.models.falcon_mamba": "causal_conv1d_fn",
+    "sglang.srt.models.mamba": "causal_conv1d_fn",
+    "sglang.srt.models.grok": "fused_moe_router_cpu",
+    "sglang.srt.models.inkling": "No module named 'cutlass'",
+    "sglang.srt.multimodal.processors.inkling": "No module named 'cutlass'",
+    "sglang.srt.models.midashenglm": "No module named 'torchaudio'",
+    "sglang.srt.multimodal.processors.midashenglm": "No module named 'torchaudio'",
+}
+
+
+def test_import_errors_of_sglangs_model_and_processor_registries():
+    """Every model module and multimodal processor SGLang registers imports on the CPU set-up, except the known
+    few above (the Qwen-VL processor and the Qwen3.5 models among those that do): a new failure, or a fixed
+    one, changes this list."""
+    import subprocess
+    import sys
+
+    from vtoken_sglang.serving import cpu_env
+
+    code = (
+        "from sglang.srt.models.registry import ModelRegistry\n"
+        "from sglang.srt.managers.multimodal_processor import import_processors, PROCESSOR_MAPPING\n"
+        "import_processors('sglang.srt.multimodal.processors')\n"
+        "print('archs', len(ModelRegistry.get_supported_archs()), 'processors', len(PROCESSOR_MAPPING))\n"
+        "print('qwen2vl', any(c.__name__ == 'Qwen2VLForConditionalGeneration' for c in PROCESSOR_MAPPING))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cpu_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    errors = {}
+    for line in r.stderr.splitlines():
+        if "Ignore import error when loading " in line:
+            name, why = line.split("Ignore import error when loading ", 1)[1].split(": ", 1)
+            errors[name] = why
+    assert set(errors) == set(IMPORT_ERRORS_LEFT), errors
+    for name, why in IMPORT_ERRORS_LEFT.items():
+        assert why in errors[name], (name, errors[name])
+    assert "qwen2vl True" in r.stdout, r.stdout

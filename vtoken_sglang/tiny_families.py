@@ -46,7 +46,13 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe": (
         "Qwen3MoeForCausalLM",
         "Qwen3MoeConfig",
-        {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 96, "norm_topk_prob": True},
+        {
+            "head_dim": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 96,
+            "norm_topk_prob": True,
+        },
     ),
     "qwen2_moe": (
         "Qwen2MoeForCausalLM",

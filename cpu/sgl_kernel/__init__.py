@@ -2,8 +2,9 @@
 
 Why: with ``SGLANG_USE_CPU_ENGINE=1`` sglang 0.5.23 imports a few helpers from ``sgl_kernel`` at module load.
 The real CPU build of sgl-kernel is a source build that needs AVX-512/AMX and is not on PyPI; the CUDA wheel
-cannot load without a GPU. This module defines those helpers in plain torch and registers no
-``torch.ops.sgl_kernel`` op, so every sglang layer takes its ``forward_native`` path.
+cannot load without a GPU. This module defines those helpers in plain torch, and registers the
+``torch.ops.sgl_kernel`` ops model modules look up at import (below); not ``convert_weight_packed``, sglang's test
+for its AMX backend, so every sglang layer takes its ``forward_native`` path.
 
 Installed by ``scripts/setup.sh --cpu`` through a ``.pth`` file in the virtual environment; never part of the
 ``vtoken-sglang`` distribution and never used on a GPU machine. Contract of each function: the same results as
@@ -112,3 +113,67 @@ for _name in (
 ):
     globals()[_name] = _unsupported(_name)
 del _name
+
+
+# ``torch.ops.sgl_kernel`` ops that sglang looks up when it imports a model module under the CPU engine (Qwen3.5,
+# whose module the Qwen-VL multimodal processor imports, and the models built on it). Without them those modules
+# fail to import and sglang skips them ("Ignore import error"). Each computes, in float32 like the Triton kernel
+# sglang runs elsewhere for the same function, what that kernel computes; none of them is a layer's
+# ``forward_native`` path, and ``convert_weight_packed`` (sglang's test for the AMX backend) stays unregistered.
+_LIB = torch.library.Library("sgl_kernel", "DEF")  # noqa: TOR901 (the stand-in owns the namespace)
+
+
+def _op(schema: str):
+    def register(fn):
+        _LIB.define(schema)
+        _LIB.impl(schema.split("(", 1)[0], fn, "CompositeExplicitAutograd")
+        return fn
+
+    return register
+
+
+@_op("fused_sigmoid_mul_cpu(Tensor(a!) x, Tensor gate) -> ()")
+def fused_sigmoid_mul_cpu(x: torch.Tensor, gate: torch.Tensor) -> None:
+    """In place: ``x <- x * sigmoid(gate)``; ``gate`` may be ``[tokens, heads, head_dim]`` against a 2-D ``x``."""
+    x.copy_(x.float() * torch.sigmoid(gate.float().reshape(x.shape)))
+
+
+def _gemma_rmsnorm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + 1.0)).to(x.dtype)
+
+
+@_op(
+    "fused_qk_gemma_rmsnorm_cpu(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, int head_dim) "
+    "-> (Tensor, Tensor)"
+)
+def fused_qk_gemma_rmsnorm_cpu(q, k, q_weight, k_weight, eps: float, head_dim: int):
+    """Gemma RMSNorm (weight ``1 + w``) of every head of ``q`` and ``k``: ``[rows, head_dim]`` each, contiguous."""
+    return (
+        _gemma_rmsnorm_rows(q.reshape(-1, head_dim), q_weight, eps),
+        _gemma_rmsnorm_rows(k.reshape(-1, head_dim), k_weight, eps),
+    )
+
+
+@_op(
+    "fused_qk_gemma_rmsnorm_with_gate_cpu(Tensor q_gate, Tensor k, Tensor q_weight, Tensor k_weight, float eps, "
+    "int head_dim, int num_heads) -> (Tensor, Tensor, Tensor)"
+)
+def fused_qk_gemma_rmsnorm_with_gate_cpu(q_gate, k, q_weight, k_weight, eps: float, head_dim: int, num_heads: int):
+    """``q_gate`` interleaves per head ``[q_h0, gate_h0, q_h1, ...]``: the normalized q and k heads as in
+    ``fused_qk_gemma_rmsnorm_cpu``, and the gate heads copied out; ``[tokens * heads, head_dim]`` each."""
+    qg = q_gate.reshape(-1, num_heads, 2, head_dim)
+    q, k_out = fused_qk_gemma_rmsnorm_cpu(qg[:, :, 0], k, q_weight, k_weight, eps, head_dim)
+    return q, k_out, qg[:, :, 1].reshape(-1, head_dim).clone()
+
+
+@_op(
+    "fused_qkvzba_split_reshape_cat_contiguous_cpu(Tensor mixed_qkvz, Tensor mixed_ba, int num_heads_qk, "
+    "int num_heads_v, int head_qk, int head_v) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+def fused_qkvzba_split_reshape_cat_contiguous_cpu(mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v):
+    """Per token, ``mixed_qkvz = [q | k | v | z]`` and ``mixed_ba = [b | a]`` -> ``[q | k | v]``, ``z`` as
+    ``[tokens, heads_v, head_v]``, ``b`` and ``a`` as ``[tokens, heads_v]``; all new contiguous tensors."""
+    qkv = 2 * num_heads_qk * head_qk + num_heads_v * head_v
+    z = mixed_qkvz[:, qkv : qkv + num_heads_v * head_v].reshape(-1, num_heads_v, head_v)
+    return mixed_qkvz[:, :qkv].clone(), z.clone(), mixed_ba[:, :num_heads_v].clone(), mixed_ba[:, num_heads_v:].clone()
