@@ -7,7 +7,7 @@ transformers, fed the server's tokens, with an attention mask that hides from ea
 evicted before it, at their logical positions: its greedy choice must be the server's token at every step. A
 request that stays under budget is compared with the unmasked model (vToken installed, nothing evicted). The
 families' own parts run in both: QKV bias (Qwen2), QK norms (Qwen3), soft-capping and (1 + w) norms (Gemma-2),
-experts (Mixtral). Which families vToken refuses, and why, is ``test_model_support``."""
+experts (Mixtral, Qwen3-MoE). Which families vToken refuses, and why, is ``test_model_support``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from tests.conftest import STRICT, on_servers
 from vtoken_sglang import serving
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "mixtral")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "mixtral", "qwen3_moe")
 SINKS, RECENT, BUDGET = 4, 16, 32
 PROMPT_LENS = (12, 41, 57, 70)
 NEW_TOKENS = (16, 48, 48, 48)  # the first request stays under budget (+ slack) for its whole life
