@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import INSTANT_FENCES, STRICT, on_servers
 
+from vtoken_sglang.integration import victim_log
 from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
@@ -39,7 +40,9 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
     together; their loads run one at a time."""
     counted = {"VTOKEN_SGLANG_COUNT_HOST_READS": "1"}
     instant = {**STRICT, **INSTANT_FENCES}
+    victims = tmp_path_factory.mktemp("victims") / "late.jsonl"
     late = {**STRICT, **counted, "VTOKEN_SGLANG_FENCE_DELAY": "4", "VTOKEN_SGLANG_FENCE_SEED": "7"}
+    late["VTOKEN_SGLANG_VICTIM_LOG"] = str(victims)
     env_of = {"late": late, "serial": {**instant, **counted}}
     modes = {
         "naive": ["--vtoken-reclaim", "off"],
@@ -72,6 +75,9 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
         state = s.get("/get_server_info")["internal_states"][0]
         return {
             "ids": [o["output_ids"] for o in out],
+            "rids": [o["meta_info"]["id"] for o in out],
+            "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in out],
+            "victims": victim_log.read(victims) if mode == "late" else None,
             "one": one["output_ids"],
             "vtoken": state["vtoken"],
             "reuse": reuse,
@@ -243,6 +249,23 @@ def test_integrity_checked_in_the_running_server(naive_and_vtoken):
         r = naive_and_vtoken[mode]
         assert r["vtoken"]["integrity_checks"] > 0, mode
         assert "integrity check failed" not in r["log"], r["log"][-3000:]
+
+
+def test_tokens_equal_transformers_with_the_evicted_tokens_masked(naive_and_vtoken, tiny_model):
+    """The late-fence server's tokens (random victims, relocation, the overlap scheduler, prompts sharing a prefix
+    in the radix tree) are transformers' greedy tokens with each query's mask hiding exactly the positions the
+    server's victim log says it evicted before that query."""
+    from masked_reference import load, masked_greedy
+    from transformers import AutoTokenizer
+
+    r, model = naive_and_vtoken["late"], load(tiny_model)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    assert r["vtoken"]["tokens_moved"] > 0
+    for prompt, n, rid, output in zip(PROMPTS, r["prompt_tokens"], r["rids"], r["ids"]):
+        ids = tok(prompt)["input_ids"]
+        events = r["victims"].get(rid, [])
+        assert len(ids) == n and events, rid
+        assert output == masked_greedy(model, ids, output, events), rid
 
 
 def test_eviction_changes_what_the_model_sees(naive_and_vtoken):

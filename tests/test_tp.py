@@ -5,8 +5,8 @@ report done late, after a number of queries drawn per rank from a different seed
 different times on different GPUs): what each rank frees, and when, must not depend on it. Reclaim on vs off gives
 identical outputs. Policies: h2o (score-based: each rank sees half of the heads; the scores are summed over the TP
 group, so both ranks rank tokens alike) and random (decides from request keys and positions only). Plans come
-from the inline planner (each rank plans for itself) or from the compaction worker (one, on rank 0, whose plans
-every rank applies; with h2o)."""
+from the inline planner (random: each rank plans for itself) or from the compaction worker (h2o: one, on rank 0,
+whose plans every rank applies)."""
 
 import ast
 import re
@@ -58,15 +58,15 @@ def run_load(s: SglangServer) -> tuple[list, dict[int, dict]]:
     return ids, ranks
 
 
-@pytest.mark.parametrize("policy, planners", [("h2o", ("inline", "worker")), ("random", ("inline",))])
+@pytest.mark.parametrize("policy, planners", [("h2o", ("worker",)), ("random", ("inline",))])
 def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy, planners):
-    """Naive-Evict, vToken with the inline planner (each rank plans from its own, identical state) and, with h2o,
-    vToken with the compaction worker (one, on rank 0; every rank applies what rank 0 broadcasts: the same whatever
-    the policy), the vToken servers with late fences seeded differently on each rank."""
+    """Naive-Evict against vToken with the inline planner (random: each rank plans from its own, identical state)
+    or with the compaction worker (h2o: one, on rank 0; every rank applies what rank 0 broadcasts, whatever the
+    policy), the vToken servers with late fences seeded differently on each rank."""
     servers = {"off": tp2_server(tiny_model, policy, "off")}
     servers.update({planner: tp2_server(tiny_model, policy, "on", planner) for planner in planners})
     runs = on_servers(servers, lambda _, s: run_load(s))
-    (off_ids, off), inline = runs["off"], runs["inline"][1]
+    off_ids, off = runs["off"]
     for ranks in [r for _, r in runs.values()]:
         assert set(ranks) == {0, 1}
         assert ranks[0]["tokens_evicted"] > 0
@@ -81,7 +81,9 @@ def test_tp2_ranks_agree_and_reclaim_is_transparent(tiny_model, policy, planners
         assert ranks[0]["pages_reclaimed"] > 0 and ranks[0]["plans_admitted"] > 0, planner
         # fences were late on both ranks, and the host waited for them at the release step
         assert ranks[0]["release_waits"] > 0 and ranks[1]["release_waits"] > 0, planner
-    assert off[0]["plans_admitted"] == 0 and inline[0]["planner_ms"] > 0
+    assert off[0]["plans_admitted"] == 0
+    if "inline" in runs:  # planned on each rank
+        assert all(rank["planner_ms"] > 0 for rank in runs["inline"][1].values())
     if "worker" in runs:  # planned in the worker, applied by both ranks from rank 0's broadcast
         worker = runs["worker"][1]
         assert worker[0]["worker_plans_received"] > 0 and worker[0]["worker_restarts"] == 0
