@@ -99,9 +99,10 @@ def _trim(rt, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
     rows = torch.from_numpy(host_rows[at]).to(table.slots.device)
     vr, vc = rt.policy.select_victims(table, rows)
     if vr.numel():
-        rt.stats.fold("victims", table.row_key[vr], table.logical_at(vr, vc))
+        logical = table.logical_at(vr, vc)
+        rt.stats.fold("victims", table.row_key[vr], logical)
         if victim_log.PATH:
-            victim_log.record(over, rows, table.logical_len[rows], vr, table.logical_at(vr, vc))
+            victim_log.record(over, rows, table.logical_len[rows], vr, logical)
         rt.pool.free(table.evict(vr, vc))
         rt.stats.tokens_evicted += int(vr.numel())
     return at
