@@ -224,13 +224,19 @@ def reuse_or_build(out: Path, stamp: dict, write: Callable[[Path], None]) -> Pat
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_cli(doc: str, build_dir: Callable[[str | None], Path], argv: list[str] | None) -> int:
+    """``python -m <module> [DIR]`` of a model builder: prints the built (or reused) directory; the usage is the
+    third line of the module's docstring."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) > 1 or (args and args[0] in ("-h", "--help")):
-        print(__doc__.strip().splitlines()[2].strip())
+        print(doc.strip().splitlines()[2].strip())
         return 0 if args and args[0] in ("-h", "--help") else 2
-    print(build(args[0] if args else None))
+    print(build_dir(args[0] if args else None))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_cli(__doc__, build, argv)
 
 
 if __name__ == "__main__":
