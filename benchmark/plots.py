@@ -6,6 +6,7 @@ Inputs, under ``--results`` (default benchmark/results), each written by the com
     reclaim_sim.json                          reclaim_sim.py --json (memory scenario with page_live_hist, frontier)
     sla_throughput_quick.json                 sla_throughput.py --quick --json
     serve_capacity_shared_prefix_quick.json   serve_capacity.py --shared-prefix --quick --json
+    quality_quick.json                        quality.py --quick --json (or a full run written to that name)
 Outputs, under ``--out`` (default: the results folder), one line printed per file written:
     page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
                              default), one panel per eviction ratio
@@ -15,6 +16,8 @@ Outputs, under ``--out`` (default: the results folder), one line printed per fil
                              the SLA latency as a vertical line
     shared_prefix_pages.png  pages held (mean and peak) per sharing degree: Naive-Evict, vToken without and with
                              copy-on-write
+    quality_pages.png        recall accuracy against KV pages held per request, a curve per policy over its
+                             budget ratios (vToken), Naive-Evict's points beside them, the full KV cache as a star
 ``--policy`` picks the policy of page_utilization.png (default random). Every number drawn comes from the JSON files.
 A missing input file stops the script with a one-line error (exit 1) before anything is written.
 """
@@ -37,10 +40,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RECLAIM = "reclaim_sim.json"
 SLA = "sla_throughput_quick.json"
 SHARED = "serve_capacity_shared_prefix_quick.json"
+QUALITY = "quality_quick.json"
 PRODUCERS = {
     RECLAIM: "benchmark/reclaim_sim.py --json",
     SLA: "benchmark/sla_throughput.py --quick --json",
     SHARED: "benchmark/serve_capacity.py --shared-prefix --quick --json",
+    QUALITY: "benchmark/quality.py --quick --json",
 }
 LABEL = {
     "plain": "plain SGLang",
@@ -303,6 +308,43 @@ def shared_prefix_pages(data: dict, out: Path) -> Path:
     return save(fig, out, "shared_prefix_pages.png")
 
 
+def quality_pages(data: dict, out: Path) -> Path:
+    runs = data["runs"]
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    per_request = lambda r: r["mean_held_pages"] / r["prompts"]  # noqa: E731
+    for k, policy in enumerate(p for p in ordered(r["policy"] for r in runs) if p != "none"):
+        color = f"C{k}"
+        vtoken = sorted(runs_of(data, policy=policy, mode="vtoken"), key=lambda r: r["budget_ratio"])
+        naive = runs_of(data, policy=policy, mode="naive")
+        ax.plot([per_request(r) for r in vtoken], [r["accuracy"] for r in vtoken], "o-", color=color, label=policy)
+        ax.plot([per_request(r) for r in naive], [r["accuracy"] for r in naive], "o", color=color, mfc="none")
+        for r in vtoken:
+            ax.annotate(
+                f"{r['budget_ratio']:g}",
+                (per_request(r), r["accuracy"]),
+                (4, 4),
+                textcoords="offset points",
+                fontsize=7,
+            )
+    for r in runs_of(data, policy="none"):
+        ax.plot([per_request(r)], [r["accuracy"]], "*", color="k", markersize=12, label="full KV cache")
+    ax.plot([], [], "o", color="0.4", mfc="none", label="Naive-Evict (hollow)")
+    ax.set_xlabel("KV pages held per request (mean over decode steps)")
+    ax.set_ylabel("exact answers")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    r = runs[0]
+    fig.suptitle(
+        f"Recall accuracy against KV pages held, real SGLang servers (CPU, recall model)\n{r['prompts']} prompts of "
+        f"{r['context']} tokens, page 16; labels: budget ratio; filled: vToken, hollow: Naive-Evict",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return save(fig, out, "quality_pages.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder with the benchmark JSON files")
@@ -311,13 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or args.results
     try:
-        reclaim, sla, shared = (load(args.results, name) for name in (RECLAIM, SLA, SHARED))
+        reclaim, sla, shared, quality = (load(args.results, name) for name in (RECLAIM, SLA, SHARED, QUALITY))
         out.mkdir(parents=True, exist_ok=True)
         page_utilization(reclaim, out, args.policy)
         retained_pages(reclaim, out)
         capacity_frontier(reclaim, out)
         throughput_latency(sla, out)
         shared_prefix_pages(shared, out)
+        quality_pages(quality, out)
     except InputError as e:
         print(e, file=sys.stderr)
         return 1

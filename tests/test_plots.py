@@ -21,13 +21,19 @@ sys.path.insert(0, str(REPO / "benchmark"))
 import reclaim_sim  # noqa: E402
 
 RESULTS = REPO / "benchmark" / "results"
-INPUTS = ("reclaim_sim.json", "sla_throughput_quick.json", "serve_capacity_shared_prefix_quick.json")
+INPUTS = (
+    "reclaim_sim.json",
+    "sla_throughput_quick.json",
+    "serve_capacity_shared_prefix_quick.json",
+    "quality_quick.json",
+)
 FIGURES = (
     "page_utilization.png",
     "retained_pages.png",
     "capacity_frontier.png",
     "throughput_latency.png",
     "shared_prefix_pages.png",
+    "quality_pages.png",
 )
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_BYTES = 10_000  # a figure with axes, bars and text; an empty canvas is a few KB
@@ -69,8 +75,8 @@ def check_page_live_hist(doc: dict) -> None:
 
 
 def server_results(folder: Path) -> None:
-    """Small results in the records sla_throughput.py and serve_capacity.py --shared-prefix write (only what
-    plots.py reads): made-up figures, for drawing only."""
+    """Small results in the records sla_throughput.py, serve_capacity.py --shared-prefix and quality.py write (only
+    what plots.py reads): made-up figures, for drawing only."""
     inf = float("inf")
     sla = []
     for k, (mode, policy) in enumerate((("plain", "none"), ("naive", "random"), ("vtoken", "random"))):
@@ -115,6 +121,22 @@ def server_results(folder: Path) -> None:
         for degree in (1, 2, 4)
     ]
     (folder / INPUTS[2]).write_text(json.dumps({"runs": shared}))
+    quality = [{"policy": "none", "budget_ratio": 1.0, "mode": "vtoken", "accuracy": 1.0, "mean_held_pages": 80.0}]
+    quality += [
+        {
+            "policy": policy,
+            "budget_ratio": ratio,
+            "mode": mode,
+            "accuracy": 0.9 * ratio + 0.1 * k - 0.05 * (mode == "naive"),
+            "mean_held_pages": 80.0 * ratio + 10 * (mode == "naive"),
+        }
+        for k, policy in enumerate(("random", "h2o"))
+        for ratio in (0.5, 0.25)
+        for mode in ("naive", "vtoken")
+    ]
+    for r in quality:
+        r.update(prompts=16, context=64)
+    (folder / INPUTS[3]).write_text(json.dumps({"runs": quality}))
 
 
 @pytest.fixture(scope="module")

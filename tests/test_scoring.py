@@ -1,7 +1,8 @@
 """Attention scores of the newest query over the live keys (vtoken_sglang.scoring): equal to the attention
-probabilities Hugging Face transformers reports for the tiny model (eager attention, ``output_attentions=True``),
-reduced over heads the same way; GQA and a compacted (evicted) live row handled; collected in the real server,
-where the score-based policies run end to end."""
+probabilities Hugging Face transformers reports (eager attention, ``output_attentions=True``), reduced over heads
+the same way, for the tiny model (random weights, GQA) and the quick recall model (trained: its attention picks out
+tokens, so a score landing one position off would show); a compacted (evicted) live row handled; collected in the
+real server, where the score-based policies run end to end."""
 
 import random
 import time
@@ -20,11 +21,14 @@ TURN = list(range(100, 177))  # the two-turn conversation's first prompt (77 tok
 PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)] + [[11, 12, 13, 14, 15]]
 
 
-@pytest.fixture(scope="module")
-def hf_run(tiny_model):
-    """One forward of the tiny model in transformers: per layer, HF's probabilities and the q/k it attended with."""
+@pytest.fixture(scope="module", params=["tiny", "recall"])
+def hf_run(request, tiny_model):
+    """One forward in transformers, of the tiny model on random ids or of the quick recall model on one of its
+    question-first prompts: per layer, HF's probabilities and the q/k it attended with."""
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from vtoken_sglang import recall_model
 
     captured = []
 
@@ -36,10 +40,12 @@ def hf_run(tiny_model):
         return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("vtoken_capture", capture)
-    model = AutoModelForCausalLM.from_pretrained(
-        tiny_model, torch_dtype=torch.float32, attn_implementation="vtoken_capture"
-    )
-    ids = torch.randint(10, 2000, (1, 77), generator=torch.Generator().manual_seed(0))
+    if request.param == "tiny":
+        path, ids = tiny_model, torch.randint(10, 2000, (1, 77), generator=torch.Generator().manual_seed(0))
+    else:
+        path = recall_model.build(spec=recall_model.QUICK)
+        ids = torch.tensor([recall_model.RecallTask(recall_model.QUICK, 5).prompts(1)[0].ids])
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="vtoken_capture")
     with torch.no_grad():
         out = model(ids, output_attentions=True)
     return model.config, captured, [a[0] for a in out.attentions]  # per layer [Hq, T (queries), T (keys)]
@@ -57,13 +63,16 @@ def _as_pool(key: torch.Tensor, seed: int):
 def test_scores_equal_hf_attention_probabilities(hf_run):
     cfg, captured, probs = hf_run
     scale = cfg.head_dim**-0.5
-    assert cfg.num_attention_heads != cfg.num_key_value_heads  # the tiny model is GQA
+    recall = cfg.tie_word_embeddings  # the recall model (tied); the tiny model is GQA
+    assert recall or cfg.num_attention_heads != cfg.num_key_value_heads
     for layer, ((q, k), p) in enumerate(zip(captured, probs)):
         p = p[:, -1, :]  # the newest query
         pool, slots = _as_pool(k, seed=layer)
         got = decode_scores_headsum(q[0, :, -1, :][None], pool, slots[None], torch.tensor([k.shape[2]]), scale)
         torch.testing.assert_close(got[0], p.sum(0), rtol=1e-4, atol=1e-6)
         assert got[0].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
+    if recall:  # the last query ([Q] of a question-first prompt) attends to the question (key, [A] at 2, 3)
+        assert float(got[0][2]) > 1.0 and float(got[0][2:4].sum()) > 0.9 * cfg.num_attention_heads, got[0][:6]
 
 
 def test_live_row_subset_and_batch(hf_run):
