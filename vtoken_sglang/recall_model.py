@@ -36,6 +36,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import torch
+
 from vtoken_sglang import tiny_model
 
 # marker tokens (the tiny tokenizer's special ids), the filler's id range, where the keys' and values' ids start
@@ -100,8 +102,6 @@ class RecallTask:
     """Seeded prompts of the task (``prompts``) and training rows (``train_batch``), drawn as whole tensors."""
 
     def __init__(self, spec: RecallSpec, seed: int):
-        import torch
-
         self.spec = spec
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -109,8 +109,6 @@ class RecallTask:
         """``rows`` documents of ``length`` tokens, each holding ``spec.needles`` needles at random, disjoint places:
         ``(docs [rows, length], needles [rows, n, 1 + value_len], at [rows, n, 1 + value_len])`` (``at``: where each
         needle token stands in its document)."""
-        import torch
-
         n, span, g = self.spec.needles, 1 + self.spec.value_len, self.gen
         keys = torch.rand(rows, self.spec.keys, generator=g).argsort(1)[:, :n] + KEYS_AT
         values = torch.rand(rows, self.spec.values, generator=g).argsort(1)[:, : n * (span - 1)] + VALUES_AT
@@ -124,15 +122,11 @@ class RecallTask:
 
     def _pick(self, rows: int, k: int):
         """``[rows, k]`` distinct needle indices per row."""
-        import torch
-
         return torch.rand(rows, self.spec.needles, generator=self.gen).argsort(1)[:, :k]
 
     def _question_first(self, rows: int):
         """Sequences ``<s> [Q] key [A] doc [Q] key v1..vN``, where their answer starts (``spec.context``), and
         where each answer token stands in the prompt."""
-        import torch
-
         s, head = self.spec, 4
         docs, needles, at = self._documents(rows, s.context - head - 1)
         pick = self._pick(rows, 1)[:, :, None].expand(-1, -1, 1 + s.value_len)
@@ -145,8 +139,6 @@ class RecallTask:
     def _questions_at_end(self, rows: int, questions: int, total: int):
         """Sequences ``<s> doc ([Q] key v1..vN) x questions`` of ``total`` tokens, with where each block's ``v1``
         is and the prompt positions of the answer tokens."""
-        import torch
-
         span = 1 + self.spec.value_len
         length = total - 1 - questions * (1 + span)
         docs, needles, at = self._documents(rows, length)
@@ -161,8 +153,6 @@ class RecallTask:
         """``(input_ids, targets, sources)``, each ``[batch, T]``: at position ``i`` the token to predict after it and
         where that token stands earlier in the row (``IGNORE`` at positions that predict nothing). Half the rows ask
         one question first, half ``spec.questions_at_end`` questions at the end."""
-        import torch
-
         s, half = self.spec, self.spec.batch // 2
         first, start, first_src = self._question_first(half)
         end, starts, end_src = self._questions_at_end(s.batch - half, s.questions_at_end, first.shape[1])
@@ -213,8 +203,6 @@ def config(spec: RecallSpec) -> dict:
 
 def attention_loss(attentions, targets, sources):
     """The two attention terms: first layer's head 0 on the previous token, last layer's head 0 on ``sources``."""
-    import torch
-
     first, last = attentions[0][:, 0], attentions[-1][:, 0]
     t = first.shape[-1]
     prev = first[:, torch.arange(1, t), torch.arange(t - 1)]
@@ -225,7 +213,6 @@ def attention_loss(attentions, targets, sources):
 
 def train(spec: RecallSpec, progress: bool = True):
     """The trained transformers model (float32, eager attention)."""
-    import torch
     from tqdm import tqdm
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -257,8 +244,6 @@ def train(spec: RecallSpec, progress: bool = True):
 def accuracy(model, prompts: list[RecallPrompt]) -> float:
     """Share of ``prompts`` whose greedy answer is exactly right, full KV cache. One teacher-forced forward per
     prompt: greedy decoding reproduces the answer iff every answer token is the argmax after its prefix."""
-    import torch
-
     right = 0
     with torch.no_grad():
         for p in prompts:
@@ -275,8 +260,6 @@ def build(out_dir: str | os.PathLike | None = None, spec: RecallSpec = RecallSpe
 
 
 def _write(spec: RecallSpec, tmp: Path) -> None:
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same weights whatever the machine's core count
     try:
