@@ -14,7 +14,7 @@ from vtoken_sglang.serving import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
 
-# 12 requests of 64 + 448 tokens (32 pages each, page 16) in a 128-page pool: upstream's ignore_eos path fits 3;
+# 12 requests of 32 + 224 tokens (16 pages each, page 16) in a 64-page pool: upstream's ignore_eos path fits 3;
 # at budget ratio 0.5 a request keeps about half its tokens, so about twice as many fit
 FLAGS = [
     "--disable-radix-cache",
@@ -28,14 +28,18 @@ FLAGS = [
     "--vtoken-recent",
     "16",
 ]
-PROMPTS = [[(7 * i + 13 * j) % 1999 + 1 for j in range(64)] for i in range(12)]
+PROMPTS = [[(7 * i + 13 * j) % 1999 + 1 for j in range(32)] for i in range(12)]
+NEW_TOKENS = 224
 
 
 def run(s: SglangServer) -> dict:
     def one(ids):
         return s.post(
             "/generate",
-            {"input_ids": ids, "sampling_params": {"max_new_tokens": 448, "temperature": 0.0, "ignore_eos": True}},
+            {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True},
+            },
             timeout=900,
         )
 
@@ -52,14 +56,14 @@ def run(s: SglangServer) -> dict:
 @pytest.fixture(scope="module")
 def runs(tiny_model):
     modes = ("on", "off")
-    flags = default_server_args(max_total_tokens=2048) + FLAGS
+    flags = default_server_args(max_total_tokens=1024) + FLAGS
     servers = {reclaim: SglangServer(tiny_model, flags + ["--vtoken-reclaim", reclaim]) for reclaim in modes}
     return on_servers(servers, lambda _, s: run(s))
 
 
 def test_ignore_eos_admission_uses_eviction_budgets_with_the_radix_cache_off(runs):
     vtoken, naive = runs["on"], runs["off"]
-    assert all(len(ids) == 448 for ids in vtoken["ids"] + naive["ids"])
+    assert all(len(ids) == NEW_TOKENS for ids in vtoken["ids"] + naive["ids"])
     assert vtoken["ids"] == naive["ids"]  # the same victims: admission order does not change what a request sees
     assert naive["max_running"] <= 4, naive  # upstream's ignore_eos path, whole lengths reserved
     assert vtoken["max_running"] >= naive["max_running"] + 2, (vtoken["max_running"], naive["max_running"])

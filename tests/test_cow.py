@@ -103,9 +103,11 @@ def run_bench_and_qa(server: SglangServer, model: str, out) -> dict:
     run, qa_run = run_all([bench, qa], timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert qa_run.returncode == 0, qa_run.stderr[-3000:]
+    result = json.loads(out.read_text().strip().splitlines()[-1])
     return {
-        "completed": json.loads(out.read_text().strip().splitlines()[-1])["completed"],
-        "answers": len(json.loads(qa_run.stdout)),
+        "completed": result["completed"],
+        "throughput": result["output_throughput"],
+        "answers": json.loads(qa_run.stdout),
     }
 
 
@@ -194,6 +196,8 @@ def test_programs_copy_and_nothing_leaks(cow_runs):
         assert run["healthy"], run["log"][-3000:]
         assert run["idle"]["allocated_pages"] == 0 and run["idle"]["live_tokens"] == 0
         assert "memory leak" not in run["log"] and "Scheduler hit an exception" not in run["log"]
+    chats = cow_runs["on"]["fork"]  # the fork program's two conversations, each with its three branches
+    assert len(chats) == 2 and all(len(c["details"]) == 3 and isinstance(c["summary"], str) for c in chats)
     # the fork and shared-prefix programs copied too
     assert cow_runs["on"]["idle"]["cow_copies"] > cow_runs["on"]["after_crowd"]["cow_copies"]
 
@@ -202,7 +206,8 @@ def test_bench_and_shared_document_program_and_metrics(cow_runs):
     """bench_serving and the shared-document program run against the copy-on-write server; vToken's metrics are in
     SGLang's periodic log and in Prometheus /metrics (counters equal to /get_server_info, idle gauges at 0)."""
     bench, log = cow_runs["bench"], cow_runs["on"]["log"]
-    assert bench["completed"] == 24 and bench["answers"] == 5
+    assert bench["completed"] == 24 and bench["throughput"] > 0
+    assert len(bench["answers"]) == 5 and all(isinstance(a["answer"], str) for a in bench["answers"])
     state, metrics = bench["state"], bench["metrics"]
     assert state["allocated_pages"] == 0 and state["position_mismatches"] == 0
     assert "[vtoken] live: " in log and ", reclaimed pages: " in log
