@@ -4,6 +4,7 @@ vToken keyword arguments. (The frontend programs of python/ and bench_serving ru
 server in test_cow.py.)"""
 
 import json
+import socket
 
 import pytest
 from conftest import PY, REPO, run_all
@@ -27,10 +28,19 @@ def servers(tiny_model, tmp_path_factory):
         default_server_args(page_size=None) + ["--enable-vtoken"],
         log_path=tmp_path_factory.mktemp("vtoken") / "server.log",
     )
+    # the plain server is given a port another process holds (as when a port is taken between free_port and the
+    # bind, by a server starting at the same time): it starts again on a fresh port
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
     plain = SglangServer(
-        tiny_model, default_server_args(page_size=16), log_path=tmp_path_factory.mktemp("plain") / "server.log"
+        tiny_model,
+        default_server_args(page_size=16),
+        port=taken.getsockname()[1],
+        log_path=tmp_path_factory.mktemp("plain") / "server.log",
     )
-    with started_together(vtoken, plain):
+    with taken, started_together(vtoken, plain):
+        assert plain.port != taken.getsockname()[1]
         yield vtoken, plain
 
 

@@ -26,6 +26,14 @@ from typing import Any
 
 STOP_GRACE_S = 30.0
 """The default ``SglangServer.stop_grace``."""
+PORT_RETRIES = 3
+"""Start-ups retried on a fresh port when the HTTP port was taken between ``free_port`` and the server's bind (by
+another process starting at the same time)."""
+BIND_ERROR = "error while attempting to bind on address"  # uvicorn's line; the launcher then stays up, unbound
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its HTTP port."""
 
 
 def free_port() -> int:
@@ -144,12 +152,21 @@ class SglangServer:
         return self
 
     def wait_ready(self) -> SglangServer:
-        """Block until ``/health`` answers 200; on failure (exit, timeout) stop the server and raise."""
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        """Block until ``/health`` answers 200; on failure (exit, timeout) stop the server and raise. A port taken
+        before the server bound it: start again on a fresh one, up to ``PORT_RETRIES`` times."""
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                self._wait_ready()
+                return self
+            except PortTaken:
+                self.stop()
+                if attempt == PORT_RETRIES:
+                    raise
+                self.port = free_port()
+                self.start(wait=False)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def _wait_ready(self) -> None:
@@ -159,6 +176,9 @@ class SglangServer:
             lambda r: r.status == 200,
             self.startup_timeout,
             lambda: f"server (exit status {self.proc.returncode}); log tail:\n{self.log_tail()}",
+            failed=lambda: (
+                PortTaken(f"port {self.port} taken: {self.log_tail(3)}") if BIND_ERROR in self.log_text() else None
+            ),
         )
 
     def log_text(self) -> str:
@@ -227,13 +247,16 @@ def started_together(*servers: SglangServer) -> Iterator[tuple[SglangServer, ...
             server.stop()
 
 
-def wait_until_ready(proc: subprocess.Popen, url: str, ready, timeout: float, what) -> None:
-    """Poll ``url`` until ``ready(response)``; fail early if ``proc`` exits. ``what()``: the process and its log,
-    for the error."""
+def wait_until_ready(proc: subprocess.Popen, url: str, ready, timeout: float, what, failed=None) -> None:
+    """Poll ``url`` until ``ready(response)``; fail early if ``proc`` exits, or raise what ``failed()`` returns (an
+    exception, or None while nothing failed). ``what()``: the process and its log, for the error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what()} exited during start-up")
+        error = failed() if failed is not None else None
+        if error is not None:
+            raise error
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 if ready(r):
