@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from serve_bench import finish  # noqa: E402
+from serve_bench import finish, write_runs_json  # noqa: E402
 from serve_capacity import PAGE  # noqa: E402
 
 from vtoken_sglang import recall_model  # noqa: E402
@@ -47,7 +47,7 @@ POLICIES = ("streaming", "random", "h2o", "tova", "scissorhands", "snapkv")
 RATIOS = (0.5, 0.25, 0.125)
 QUICK_POLICIES, QUICK_RATIOS = ("random", "h2o"), (0.25,)
 SINKS, RECENT, WINDOW = 4, 8, 8  # the question-first layout's question is in the sinks
-TOGETHER = 4  # servers started at once (memory)
+TOGETHER = 5  # servers started at once (memory); the quick run's five in one group
 TAIL = 32  # tokens decoded after the answer
 DECODE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+)")
 
@@ -81,10 +81,13 @@ def measure(config: dict, server: SglangServer, prompts: list[recall_model.Recal
     outputs, state = run_load(server, prompts)
     steps = [(int(running), int(tokens)) for running, tokens in DECODE.findall(server.log_text()[start:])]
     held = [tokens / PAGE for _, tokens in steps]
-    right = sum(out[: len(p.answer)] == p.answer for out, p in zip(outputs, prompts))
+    right = [out[: len(p.answer)] == p.answer for out, p in zip(outputs, prompts)]
     return {
         **config,
-        "accuracy": round(right / len(prompts), 4),
+        "accuracy": round(sum(right) / len(prompts), 4),
+        # the layouts alternate (recall_model.RecallTask.prompts): the question first at even indices
+        "accuracy_question_first": round(sum(right[0::2]) / max(len(right[0::2]), 1), 4),
+        "accuracy_question_at_end": round(sum(right[1::2]) / max(len(right[1::2]), 1), 4),
         "mean_held_pages": round(sum(held) / max(len(held), 1), 1),
         "peak_held_pages": round(max(held, default=0)),
         "max_running_requests": max((running for running, _ in steps), default=0),
@@ -102,8 +105,9 @@ def configs(policies: list[str], ratios: list[float]) -> list[dict]:
     return out
 
 
-def run(model: str, prompts: list[recall_model.RecallPrompt], todo: list[dict], pool: int) -> list[dict]:
-    """The runs of ``todo``, ``TOGETHER`` servers started at once, their loads one after the other."""
+def run(model: str, prompts: list[recall_model.RecallPrompt], todo: list[dict], pool: int, done) -> list[dict]:
+    """The runs of ``todo``, ``TOGETHER`` servers started at once, their loads one after the other; ``done(runs)``
+    after each group (the runs so far)."""
     runs = []
     for at in range(0, len(todo), TOGETHER):
         group = todo[at : at + TOGETHER]
@@ -118,6 +122,7 @@ def run(model: str, prompts: list[recall_model.RecallPrompt], todo: list[dict], 
         print(f"[quality] starting {names} ...", file=sys.stderr, flush=True)
         with started_together(*servers):
             runs += [measure(c, s, prompts, pool) for c, s in zip(group, servers)]
+        done(runs)
     naive = {(r["policy"], r["budget_ratio"]): r["_outputs"] for r in runs if r["mode"] == "naive"}
     for r in runs:
         if r["mode"] == "vtoken" and r["policy"] != "none":
@@ -130,11 +135,15 @@ def print_table(runs: list[dict], spec: recall_model.RecallSpec, prompts: int, p
         f"quality: {prompts} recall prompts of {spec.context} tokens ({spec.needles} needles of {spec.value_len} "
         f"values; half ask first, half at the end), page {PAGE}, pool {pool} tokens, sinks {SINKS}, recent {RECENT}"
     )
-    print(f"{'policy':<14}{'ratio':>6}  {'mode':<8}{'accuracy':>9}{'mean_pg':>9}{'peak_pg':>9}{'max_run':>9}  same")
+    print(
+        f"{'policy':<14}{'ratio':>6}  {'mode':<8}{'accuracy':>9}{'q_first':>9}{'q_end':>9}"
+        f"{'mean_pg':>9}{'peak_pg':>9}{'max_run':>9}  same"
+    )
     for r in runs:
         same = {True: "yes", False: "NO", None: "-"}[r.get("identical_to_naive")]
         print(
             f"{r['policy']:<14}{r['budget_ratio']:>6}  {r['mode']:<8}{r['accuracy']:>9.3f}"
+            f"{r['accuracy_question_first']:>9.3f}{r['accuracy_question_at_end']:>9.3f}"
             f"{r['mean_held_pages']:>9.1f}{r['peak_held_pages']:>9}{r['max_running_requests']:>9}  {same}"
         )
 
@@ -156,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     model = str(recall_model.build(spec=spec))
     prompts = recall_model.RecallTask(spec, spec.seed + 3).prompts(count)
     pool = args.max_total_tokens or count * (spec.context + 1 + spec.value_len + TAIL + PAGE)
-    runs = run(model, prompts, configs(policies, ratios), pool)
+    fields = dict(context=spec.context, prompts=count, max_total_tokens=pool, spec=dataclasses.asdict(spec))
+
+    def partial(runs: list[dict]) -> None:  # a long run keeps what it measured: written after each group
+        if args.json:
+            write_runs_json(args.json, [{**r, **fields} for r in runs])
+
+    runs = run(model, prompts, configs(policies, ratios), pool, partial)
     for r in runs:
-        r.update(context=spec.context, prompts=count, max_total_tokens=pool, spec=dataclasses.asdict(spec))
+        r.update(fields)
     print_table(runs, spec, count, pool)
     return finish(t0, runs, args.json)
 
