@@ -6,7 +6,7 @@ Inputs, under ``--results`` (default benchmark/results), each written by the com
     reclaim_sim.json                          reclaim_sim.py --json (memory scenario with page_live_hist, frontier)
     sla_throughput_quick.json                 sla_throughput.py --quick --json
     serve_capacity_shared_prefix_quick.json   serve_capacity.py --shared-prefix --quick --json
-    quality_quick.json                        quality.py --quick --json (or a full run written to that name)
+    quality.json                              quality.py --json (every policy and ratio; --quick for a CI-sized one)
 Outputs, under ``--out`` (default: the results folder), one line printed per file written:
     page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
                              default), one panel per eviction ratio
@@ -40,12 +40,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RECLAIM = "reclaim_sim.json"
 SLA = "sla_throughput_quick.json"
 SHARED = "serve_capacity_shared_prefix_quick.json"
-QUALITY = "quality_quick.json"
+QUALITY = "quality.json"
 PRODUCERS = {
     RECLAIM: "benchmark/reclaim_sim.py --json",
     SLA: "benchmark/sla_throughput.py --quick --json",
     SHARED: "benchmark/serve_capacity.py --shared-prefix --quick --json",
-    QUALITY: "benchmark/quality.py --quick --json",
+    QUALITY: "benchmark/quality.py --json",
 }
 LABEL = {
     "plain": "plain SGLang",

@@ -25,7 +25,7 @@ INPUTS = (
     "reclaim_sim.json",
     "sla_throughput_quick.json",
     "serve_capacity_shared_prefix_quick.json",
-    "quality_quick.json",
+    "quality.json",
 )
 FIGURES = (
     "page_utilization.png",
