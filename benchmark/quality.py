@@ -166,14 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = recall_model.RecallTask(spec, spec.seed + 3).prompts(count)
     pool = args.max_total_tokens or count * (spec.context + 1 + spec.value_len + TAIL + PAGE)
     fields = dict(context=spec.context, prompts=count, max_total_tokens=pool, spec=dataclasses.asdict(spec))
-
-    def partial(runs: list[dict]) -> None:  # a long run keeps what it measured: written after each group
-        if args.json:
-            write_runs_json(args.json, [{**r, **fields} for r in runs])
-
-    runs = run(model, prompts, configs(policies, ratios), pool, partial)
-    for r in runs:
-        r.update(fields)
+    todo = [{**c, **fields} for c in configs(policies, ratios)]
+    # a long run keeps what it measured: the runs so far are written after each group
+    runs = run(model, prompts, todo, pool, lambda so_far: args.json and write_runs_json(args.json, so_far))
     print_table(runs, spec, count, pool)
     return finish(t0, runs, args.json)
 
