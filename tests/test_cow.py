@@ -220,6 +220,8 @@ def test_bench_and_shared_document_program_and_metrics(cow_runs):
         "cow_copies",
         "cow_tokens_copied",
         "cow_pages_released",
+        "cow_room_pages",
+        "cow_deferred",
     ):
         assert metrics[f"sglang:vtoken_{name}_total"] == pytest.approx(state[name], rel=1e-3), name
     assert metrics["sglang:vtoken_cow_copies_total"] > 0

@@ -54,3 +54,16 @@ def test_groups_are_independent_and_deterministic():
     plan = plan_cow(holders, nodes, P)
     assert sorted(d.key for d in plan.decisions) == [1, 2]  # group {3, 4} would need 12 pages for 6
     assert set(plan.decisions) == set(plan_cow(list(reversed(holders)), nodes, P).decisions)
+
+
+def test_groups_release_disjoint_nodes_and_each_gains():
+    """The integration carries out a plan's groups one by one, as pages allow: each group must pay on its own and
+    a shared node must be released by its group only (so any subset of groups is a valid, gainful plan)."""
+    nodes = {1: PrefixNode(2, 8), 2: PrefixNode(1, 5), **{10 + k: PrefixNode(1, 3) for k in range(3)}}
+    holders = [Holder(0, (1,), (3,)), Holder(1, (1,), (2,)), Holder(2, (2,), (20,))]
+    holders += [Holder(3 + k, (10 + k,), (4,)) for k in range(3)]
+    plan = plan_cow(holders, nodes, P)
+    assert [sorted(d.key for d in g.decisions) for g in plan.groups] == [[0, 1], [2], [3], [4], [5]]
+    assert [(g.pages_released, g.pages_copied) for g in plan.groups] == [(8, 2), (5, 2), (3, 1), (3, 1), (3, 1)]
+    assert all(g.pages_released > g.pages_copied for g in plan.groups)
+    assert plan.pages_released == 22 and plan.pages_copied == 7 and len(plan.decisions) == 6

@@ -52,10 +52,31 @@ class CowDecision:
 
 
 @dataclasses.dataclass(frozen=True)
-class CowPlan:
+class CowGroup:
+    """Decisions that release their nodes only together (every holder of a shared node copies): carried out whole
+    or not at all. Each group alone strictly gains (``pages_released > pages_copied``), so any subset of a plan's
+    groups may be carried out, in any order."""
+
     decisions: tuple[CowDecision, ...]
     pages_released: int  # pages of the nodes left without any lock
     pages_copied: int  # new private pages the copies take
+
+
+@dataclasses.dataclass(frozen=True)
+class CowPlan:
+    groups: tuple[CowGroup, ...]
+
+    @property
+    def decisions(self) -> tuple[CowDecision, ...]:
+        return tuple(d for g in self.groups for d in g.decisions)
+
+    @property
+    def pages_released(self) -> int:
+        return sum(g.pages_released for g in self.groups)
+
+    @property
+    def pages_copied(self) -> int:
+        return sum(g.pages_copied for g in self.groups)
 
     @property
     def gain(self) -> int:
@@ -103,8 +124,7 @@ def plan_cow(
         if _suffix_start(h.path, releasable.__contains__) < len(h.path):
             groups.setdefault(find(h.key), []).append(h.key)
 
-    decisions: list[CowDecision] = []
-    released = copied = 0
+    out: list[CowGroup] = []
 
     def decide(key: int, cut: int) -> CowDecision:
         tokens = by_key[key].live_from[cut]  # cut < len(path): every caller has something to release
@@ -117,8 +137,7 @@ def plan_cow(
         freed = sum(nodes[n].pages for n in {n for k, c in cuts.items() for n in by_key[k].path[c:]})
         cost = sum(d.pages for d in group)
         if freed > cost and (allow_copies or all(d.tokens == 0 for d in group)):
-            decisions += group
-            released, copied = released + freed, copied + cost
+            out.append(CowGroup(tuple(group), freed, cost))
             continue
         for k in members:  # alone: only the nodes nobody else holds
             cut = _suffix_start(by_key[k].path, lambda n: n in releasable and len(holders_of[n]) == 1)
@@ -126,6 +145,5 @@ def plan_cow(
                 continue
             d, freed = decide(k, cut), sum(nodes[n].pages for n in by_key[k].path[cut:])
             if freed > d.pages and (allow_copies or d.tokens == 0):
-                decisions.append(d)
-                released, copied = released + freed, copied + d.pages
-    return CowPlan(tuple(decisions), released, copied)
+                out.append(CowGroup((d,), freed, d.pages))
+    return CowPlan(tuple(out))

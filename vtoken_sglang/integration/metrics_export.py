@@ -25,6 +25,8 @@ COUNTERS = (
     "cow_copies",
     "cow_tokens_copied",
     "cow_pages_released",
+    "cow_room_pages",
+    "cow_deferred",
 )
 DOC = {
     "live_tokens": "Live tokens of requests vToken manages.",
@@ -44,6 +46,8 @@ DOC = {
     "cow_copies": "Copy-on-write decisions: requests that copied their live prefix tokens out of radix-tree pages.",
     "cow_tokens_copied": "Live prefix tokens copied out of radix-tree pages.",
     "cow_pages_released": "Radix-tree pages left without any lock by copy-on-write (the tree may evict them).",
+    "cow_room_pages": "Pages of unlocked radix-tree nodes evicted to make room for copy-on-write copies.",
+    "cow_deferred": "Copy-on-write groups left for a later check: their new pages were not free.",
 }
 
 

@@ -6,7 +6,8 @@ live prefix tokens into private pages; for each one it copies them (the reclaime
 the next forward), rewrites its row, takes a lock on the node at its cut and drops its old lock, so the tree can
 evict the nodes nobody locks any more under memory pressure.
 
-Invariants: the tree's slots are never written, moved or freed here (copy, never move); a request that copied is
+Invariants: the tree's slots are never written or moved here (copy, never move), and freed only by SGLang's own
+eviction of nodes nobody locks (``_make_room``, for the pages of a copy); a request that copied is
 never inserted into the tree (``skip_radix_cache_insert`` is set at a request's first eviction); after a copy, the
 request's row holds tree slots only for logical positions below its new ``cache_protected_len`` (the cut) and
 its lock is on the node at the cut.
@@ -18,8 +19,9 @@ import logging
 import time
 
 import torch
+from sglang.srt.mem_cache.common import evict_from_tree_cache
 
-from vtoken_sglang.core.cow import CowPlan, Holder, PrefixNode, plan_cow
+from vtoken_sglang.core.cow import CowGroup, CowPlan, Holder, PrefixNode, plan_cow
 from vtoken_sglang.core.pages import OutOfPages
 
 logger = logging.getLogger("vtoken_sglang")
@@ -38,6 +40,9 @@ class PrefixCow:
         self.tokens_copied = 0
         self.pages_released = 0  # pages of tree nodes left without a lock by a copy
         self.checks = 0
+        self.room_pages = 0  # pages of unlocked tree nodes evicted to make room for copies
+        self.deferred = 0  # groups left for a later check: their pages were not free
+        self.retry = False  # the last check deferred a group: check again at the next trimming round
         self.seconds = 0.0
 
     def candidates(self, reqs: list) -> list:
@@ -87,63 +92,98 @@ class PrefixCow:
 
     def step(self, reqs: list, others: list = ()) -> int:
         """Plan and carry out copy-on-write for the running requests ``reqs`` (``others``: any other request that
-        may hold a tree lock, e.g. the one being chunked); returns the pages released."""
+        may hold a tree lock, e.g. the one being chunked); returns the pages released. The plan's groups are carried
+        out in order, each whole or not at all; a group whose pages are not free evicts unlocked tree nodes for them
+        (those the groups before it just released among them); a group that still does not fit is left for the next
+        check, which then comes at the next trimming round (``retry``)."""
         self.table.settle()
+        self.retry = False
         cands = self.candidates(reqs)
         if not cands:
             return 0
         t0 = time.perf_counter()
         cand_ids = {id(r) for r in cands}
         plan, info = self.plan(cands, [r for r in list(reqs) + list(others) if r is not None and id(r) not in cand_ids])
-        if not plan.decisions:
-            self.seconds += time.perf_counter() - t0
+        taken: list[tuple[CowGroup, torch.Tensor]] = []  # groups whose pages are taken and whose copy is not issued
+        released = 0
+        for group in plan.groups:
+            if group.pages_copied > self.pool.num_free(for_relocation=True):
+                released += self._carry_out(taken, info)
+                taken = []
+                self._make_room(group.pages_copied)
+            try:
+                taken.append((group, self._take_pages(group)))
+            except OutOfPages:
+                self.retry = True
+                self.deferred += 1
+                logger.debug("[vtoken] copy-on-write deferred: %d pages needed, none free", group.pages_copied)
+        released += self._carry_out(taken, info)
+        self.seconds += time.perf_counter() - t0
+        return released
+
+    def _make_room(self, pages: int) -> None:
+        """Evict unlocked radix-tree nodes (SGLang's own eviction, LRU) until ``pages`` pages can be taken, or
+        nothing evictable is left."""
+        short = pages - self.pool.num_free(for_relocation=True)
+        if short > 0:
+            before = self.pool.num_free(for_relocation=True)
+            evict_from_tree_cache(self.tree, self.pool.allocator.available_size() + short * self.page_size)
+            self.room_pages += self.pool.num_free(for_relocation=True) - before
+
+    def _take_pages(self, group: CowGroup) -> torch.Tensor:
+        """The new private pages of ``group``'s copies, owned by their rows (decision order, ``d.pages`` each)."""
+        owners = [d.key for d in group.decisions for _ in range(d.pages)]
+        owners = torch.tensor(owners, dtype=torch.int64, device=self.table.slots.device)
+        return self.pool.alloc(len(owners), owners, for_relocation=True)
+
+    def _carry_out(self, taken: list, info: dict) -> int:
+        """One copy for the groups ``taken`` (into their pages), the rows rewritten behind it, then each request's
+        lock moved up to its cut (the new node locked first). Returns the tree pages released."""
+        if not taken:
             return 0
-        try:
-            self._copy(plan, info)
-        except OutOfPages:
-            logger.debug("[vtoken] copy-on-write deferred: %d pages needed, none free", plan.pages_copied)
-            self.seconds += time.perf_counter() - t0
-            return 0
-        for d in plan.decisions:
+        self._copy(taken, info)
+        decisions = [d for group, _ in taken for d in group.decisions]
+        for d in decisions:
             req, path, _ = info[d.key]
             node = path[d.cut - 1].node_id if d.cut else self.tree.root_node_handle()
             lock = self.tree.lock(node)
             self.tree.unlock(req.lock)
             req.lock, req.last_node = lock, node
             req.kv.cache_protected_len = path[d.cut - 1].path_end if d.cut else 0
-        self.copies += len(plan.decisions)
-        self.pages_released += plan.pages_released
+        released = sum(group.pages_released for group, _ in taken)
+        self.copies += len(decisions)
+        self.pages_released += released
         logger.debug(
             "[vtoken] copy-on-write: %d requests copy %d tokens into %d pages; %d tree pages released (%s)",
-            len(plan.decisions),
-            sum(d.tokens for d in plan.decisions),
-            plan.pages_copied,
-            plan.pages_released,
-            [(d.key, d.cut, d.tokens) for d in plan.decisions],
+            len(decisions),
+            sum(d.tokens for d in decisions),
+            sum(group.pages_copied for group, _ in taken),
+            released,
+            [(d.key, d.cut, d.tokens) for d in decisions],
         )
-        self.seconds += time.perf_counter() - t0
-        return plan.pages_released
+        return released
 
-    def _copy(self, plan: CowPlan, info: dict) -> None:
-        """Copy every decision's live tokens past its cut into new private pages of its row and rewrite the rows:
-        all pages are taken first (whole or not at all), then one copy, then the row rewrite behind it."""
+    def _copy(self, taken: list, info: dict) -> None:
+        """Copy every decision's live tokens past its cut into its group's new pages and rewrite the rows (one copy,
+        then the row rewrite behind it). The sources are tree slots still locked by these requests, the
+        destinations pages free before this call: disjoint."""
         P = self.page_size
-        moving = [d for d in plan.decisions if d.tokens]
-        if not moving:
-            return
         dev = self.table.slots.device
-        owners = torch.tensor([d.key for d in moving for _ in range(d.pages)], dtype=torch.int64, device=dev)
-        pages = self.pool.alloc(len(owners), owners, for_relocation=True)
-        rows, cols, dst, first = [], [], [], 0
-        for d in moving:
-            _, _, bounds = info[d.key]
-            c = torch.arange(bounds[d.cut], bounds[-1], device=dev)
-            assert len(c) == d.tokens
-            k = torch.arange(d.tokens, device=dev)
-            rows.append(torch.full_like(c, d.key))
-            cols.append(c)
-            dst.append(pages[first + k // P] * P + k % P)
-            first += d.pages
+        rows, cols, dst = [], [], []
+        for group, pages in taken:
+            first = 0
+            for d in group.decisions:
+                if d.tokens:
+                    _, _, bounds = info[d.key]
+                    c = torch.arange(bounds[d.cut], bounds[-1], device=dev)
+                    assert len(c) == d.tokens
+                    k = torch.arange(d.tokens, device=dev)
+                    rows.append(torch.full_like(c, d.key))
+                    cols.append(c)
+                    dst.append(pages[first + k // P] * P + k % P)
+                first += d.pages
+        if not rows:
+            return
         rows, cols, dst = torch.cat(rows), torch.cat(cols), torch.cat(dst)
         src = self.table.slots[rows, cols].to(torch.int64)
         assert not bool((self.pool.owner[src // P] >= 0).any()), "copy-on-write source outside the tree's pages"
@@ -157,5 +197,7 @@ class PrefixCow:
             "cow_tokens_copied": self.tokens_copied,
             "cow_pages_released": self.pages_released,
             "cow_checks": self.checks,
+            "cow_room_pages": self.room_pages,
+            "cow_deferred": self.deferred,
             "cow_ms": round(self.seconds * 1e3, 3),
         }
