@@ -80,3 +80,47 @@ def prometheus_values(text: str) -> dict[str, float]:
             name, value = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
             values[name] = float(value)
     return values
+
+
+def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of 16-100 random token ids."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 1999) for _ in range(rng.randint(16, 100))] for _ in range(n)]
+
+
+def generate_all(url: str, prompts: list[list[int]], new_tokens: int) -> list[dict]:
+    """Every prompt at once (greedy, ``ignore_eos``); an HTTP error comes back as ``{"error": code, "body": ...}``."""
+    import concurrent.futures as cf
+    import json
+    import urllib.error
+    import urllib.request
+
+    def one(ids):
+        sampling = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+        req = urllib.request.Request(
+            url + "/generate",
+            data=json.dumps({"input_ids": ids, "sampling_params": sampling}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=900) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return {"error": err.code, "body": err.read().decode(errors="replace")[:300]}
+
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts))
+
+
+def idle_states(server, ranks: int = 1, timeout: float = 60) -> list[dict]:
+    """vToken's state of every scheduler of ``server`` once it is idle (no live token)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [s["vtoken"] for s in server.get("/get_server_info")["internal_states"]]
+        if (len(states) == ranks and all(s["live_tokens"] == 0 for s in states)) or time.monotonic() > deadline:
+            return states
+        time.sleep(1)

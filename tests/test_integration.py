@@ -11,10 +11,11 @@ import time
 
 import pytest
 import torch
-from conftest import INSTANT_FENCES, STRICT, on_servers
+from conftest import INSTANT_FENCES, STRICT, generate_all, idle_states, on_servers, random_prompts
 
 from vtoken_sglang.integration import victim_log
-from vtoken_sglang.serving import SglangServer, default_server_args
+from vtoken_sglang.router import SglangRouter
+from vtoken_sglang.serving import SglangServer, default_server_args, started_together
 
 pytestmark = pytest.mark.server
 
@@ -85,7 +86,31 @@ def naive_and_vtoken(tiny_model, tmp_path_factory):
             "killed": killed,
         }
 
-    return on_servers(servers, run)
+    with started_together(*servers.values()):
+        runs = {mode: run(mode, s) for mode, s in servers.items()}
+        runs["router"] = route(servers["late"], servers["worker"], tmp_path_factory.mktemp("router") / "router.log")
+    return runs
+
+
+ROUTED = 32  # requests sent through the router at once
+ROUTED_TOKENS = 80
+
+
+def route(a: SglangServer, b: SglangServer, log_path) -> dict:
+    """After their own loads: ``ROUTED`` requests through SGLang's router (``sglang_router.launch_router --policy
+    cache_aware``) over two of the vToken servers; their vToken states before and after (idle), logs, health."""
+    before = [idle_states(s)[0] for s in (a, b)]
+    with SglangRouter([a.url, b.url], log_path=log_path) as router:
+        outs = generate_all(router.url, random_prompts(ROUTED, seed=1), ROUTED_TOKENS)
+    time.sleep(2)  # idle: SGLang runs its memory check
+    return {
+        "outs": outs,
+        "router_log": router.log_path.read_text()[-3000:],
+        "before": before,
+        "after": [idle_states(s)[0] for s in (a, b)],
+        "logs": [s.log_text() for s in (a, b)],
+        "healthy": [s.proc.poll() is None for s in (a, b)],
+    }
 
 
 def wait_until_worker_is_back(server: SglangServer, timeout: float = 120) -> None:
@@ -232,6 +257,23 @@ def test_no_leaks(naive_and_vtoken):
         assert r["healthy"], r["log"][-3000:]
         assert r["vtoken"]["live_tokens"] == 0 and r["vtoken"]["allocated_pages"] == 0
         assert "memory leak" not in r["log"] and "Traceback" not in r["log"]
+
+
+def test_router_over_two_vtoken_servers(naive_and_vtoken):
+    """Two vToken servers (``late``: overlap scheduler, late fences; ``worker``: the compaction worker, restarted
+    once) behind SGLang's router, after their own loads: none of the concurrent requests is refused (the router
+    answers ``/health`` before it has registered its workers; ``SglangRouter`` waits until ``/readiness`` reports
+    both healthy), every one has its length, both servers evict and reclaim for the routed load, and nothing leaks."""
+    r = naive_and_vtoken["router"]
+    refused = [o for o in r["outs"] if "error" in o]
+    assert not refused, (len(refused), refused[0], r["router_log"])
+    assert all(len(o["output_ids"]) == ROUTED_TOKENS for o in r["outs"])
+    for before, after, log, healthy in zip(r["before"], r["after"], r["logs"], r["healthy"]):
+        assert after["tokens_evicted"] > before["tokens_evicted"], (before, after)
+        assert after["pages_reclaimed"] > before["pages_reclaimed"], (before, after)
+        assert after["allocated_pages"] == 0 and after["pending_pages"] == 0, after
+        assert after["position_mismatches"] == 0, after
+        assert healthy and "memory leak" not in log and "Traceback" not in log
 
 
 def test_metadata_is_sized_by_the_pool(naive_and_vtoken):
