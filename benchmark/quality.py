@@ -16,7 +16,8 @@ are read over decode steps after the eviction rounds, not only while a few-token
   that the pages held are what the requests need; on a smaller pool, admission is bound by the whole prompts each
   prefill holds: ``serve_capacity.py`` is the capacity benchmark);
 - ``identical_to_naive`` (vToken runs): the same output tokens (answer and tail) as Naive-Evict with the same
-  policy and ratio.
+  policy and ratio, over the ``compared`` requests that neither run retracted (``retracted``: requests SGLang
+  retracted for memory; such a request is prefilled again whole and trimmed anew, so its victims differ).
 
 ``--policies`` takes built-in names or ``package.module:ClassName`` (a policy of one's own, on ``PYTHONPATH``).
 ``--quick`` (CI): the quick recall model, policies random and h2o at ratio 0.5, and ``none``, on a pool without
@@ -68,22 +69,24 @@ def server_flags(policy: str, ratio: float | None, reclaim: str, pool: int) -> l
     return flags
 
 
-def run_load(server: SglangServer, prompts: list[recall_model.RecallPrompt]) -> tuple[list[list[int]], dict]:
-    """Every prompt at once; the output tokens and the server's vToken state after the load."""
+def run_load(server: SglangServer, prompts: list[recall_model.RecallPrompt]) -> tuple[list[dict], dict]:
+    """Every prompt at once; the responses (``output_ids``, ``meta_info``) and the server's vToken state after."""
 
-    def one(p: recall_model.RecallPrompt) -> list[int]:
+    def one(p: recall_model.RecallPrompt) -> dict:
         sampling = {"max_new_tokens": len(p.answer) + TAIL, "temperature": 0.0, "ignore_eos": True}
-        return server.post("/generate", {"input_ids": p.ids, "sampling_params": sampling}, timeout=1800)["output_ids"]
+        return server.post("/generate", {"input_ids": p.ids, "sampling_params": sampling}, timeout=1800)
 
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        outputs = list(pool.map(one, prompts))
+        responses = list(pool.map(one, prompts))
     time.sleep(1)
-    return outputs, server.get("/get_server_info")["internal_states"][0]["vtoken"]
+    return responses, server.get("/get_server_info")["internal_states"][0]["vtoken"]
 
 
 def measure(config: dict, server: SglangServer, prompts: list[recall_model.RecallPrompt], pool: int) -> dict:
     start = len(server.log_text())  # SGLang's warm-up request is in the log before
-    outputs, state = run_load(server, prompts)
+    responses, state = run_load(server, prompts)
+    outputs = [r["output_ids"] for r in responses]
+    retracted = [r["meta_info"].get("num_retractions", 0) > 0 for r in responses]
     steps = [(int(running), int(tokens)) for running, tokens in DECODE.findall(server.log_text()[start:])]
     held = [tokens / PAGE for _, tokens in steps]
     right = [out[: len(p.answer)] == p.answer for out, p in zip(outputs, prompts)]
@@ -99,7 +102,9 @@ def measure(config: dict, server: SglangServer, prompts: list[recall_model.Recal
         "tokens_evicted": state["tokens_evicted"],
         "pages_reclaimed": state["pages_reclaimed"],
         **{k: state.get(k, 0) for k in ("cow_copies", "cow_pages_released", "cow_room_pages", "cow_deferred")},
+        "retracted": sum(retracted),
         "_outputs": outputs,
+        "_retracted": retracted,
     }
 
 
@@ -129,10 +134,14 @@ def run(model: str, prompts: list[recall_model.RecallPrompt], todo: list[dict], 
         with started_together(*servers):
             runs += [measure(c, s, prompts, pool) for c, s in zip(group, servers)]
         done(runs)
-    naive = {(r["policy"], r["budget_ratio"]): r["_outputs"] for r in runs if r["mode"] == "naive"}
+    naive = {(r["policy"], r["budget_ratio"]): r for r in runs if r["mode"] == "naive"}
     for r in runs:
         if r["mode"] == "vtoken" and r["policy"] != "none":
-            r["identical_to_naive"] = r["_outputs"] == naive[r["policy"], r["budget_ratio"]]
+            base = naive[r["policy"], r["budget_ratio"]]
+            both = zip(r["_outputs"], base["_outputs"], r["_retracted"], base["_retracted"])
+            pairs = [(mine, theirs) for mine, theirs, *retracted in both if not any(retracted)]
+            r["identical_to_naive"] = all(mine == theirs for mine, theirs in pairs)
+            r["compared"] = len(pairs)
     return runs
 
 
@@ -143,14 +152,17 @@ def print_table(runs: list[dict], spec: recall_model.RecallSpec, prompts: int, p
     )
     print(
         f"{'policy':<14}{'ratio':>6}  {'mode':<8}{'accuracy':>9}{'q_first':>9}{'q_end':>9}"
-        f"{'mean_pg':>9}{'peak_pg':>9}{'max_run':>9}  same"
+        f"{'mean_pg':>9}{'peak_pg':>9}{'max_run':>9}{'retract':>8}  same"
     )
     for r in runs:
         same = {True: "yes", False: "NO", None: "-"}[r.get("identical_to_naive")]
+        if r.get("compared", len(r["_outputs"])) < len(r["_outputs"]):
+            same += f" ({r['compared']} not retracted)"
         print(
             f"{r['policy']:<14}{r['budget_ratio']:>6}  {r['mode']:<8}{r['accuracy']:>9.3f}"
             f"{r['accuracy_question_first']:>9.3f}{r['accuracy_question_at_end']:>9.3f}"
-            f"{r['mean_held_pages']:>9.1f}{r['peak_held_pages']:>9}{r['max_running_requests']:>9}  {same}"
+            f"{r['mean_held_pages']:>9.1f}{r['peak_held_pages']:>9}{r['max_running_requests']:>9}"
+            f"{r['retracted']:>8}  {same}"
         )
 
 

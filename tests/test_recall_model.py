@@ -38,9 +38,10 @@ def test_prompts_and_training_rows_hold_what_the_task_says():
 def test_quality_quick_mode_in_real_sglang(tmp_path):
     """The quick recall model answers >= 95% exactly with the full KV cache (policy none) in real SGLang; random
     and h2o at ratio 0.5 evict on a pool too small for Naive-Evict to run every request at once, and give the same
-    tokens with reclaim off (Naive-Evict) and on (vToken: pages reclaimed, every request at once, the prompts' tree
-    pages copied out after making room by evicting the tree pages released before); the benchmark writes its table
-    and JSON."""
+    tokens with reclaim off (Naive-Evict) and on (vToken: pages reclaimed, every request at once and none retracted,
+    the prompts' tree pages copied out after making room by evicting the tree pages released before) for every
+    request Naive-Evict did not retract (a retracted request is prefilled again whole and trimmed anew); the
+    benchmark writes its table and JSON."""
     out = tmp_path / "quality.json"
     (run,) = run_all([[PY, "benchmark/quality.py", "--quick", "--json", str(out)]], timeout=1500)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
@@ -52,6 +53,7 @@ def test_quality_quick_mode_in_real_sglang(tmp_path):
         naive, vtoken = runs[policy, 0.5, "naive"], runs[policy, 0.5, "vtoken"]
         # Naive-Evict's evictions may differ in number: a retracted request is prefilled and trimmed again
         assert vtoken["identical_to_naive"] and naive["tokens_evicted"] > 0 and vtoken["tokens_evicted"] > 0, policy
+        assert vtoken["retracted"] == 0 and vtoken["compared"] == 16 - naive["retracted"] >= 8, (naive, vtoken)
         assert vtoken["pages_reclaimed"] > 0 and naive["pages_reclaimed"] == 0, policy
         assert vtoken["max_running_requests"] == 16 >= naive["max_running_requests"], policy
         assert vtoken["cow_copies"] > 0 and vtoken["cow_room_pages"] > 0 and naive["cow_copies"] == 0, vtoken
