@@ -570,8 +570,9 @@ def scoring_rows(s: Setup) -> Iterator[Row]:
 
 
 def scoring_row(r: dict) -> Row:
-    tri = f", triton {r['triton_ms']:.3f} ms" if r["triton_ms"] is not None else ""
-    used = "triton" if r["triton_ms"] is not None else "torch"
+    kernels = {"triton": r["triton_ms"], "cpu kernel": r.get("cpu_kernel_ms")}
+    tri = "".join(f", {name} {ms:.3f} ms" for name, ms in kernels.items() if ms is not None)
+    used = next((name for name, ms in kernels.items() if ms is not None), "torch")
     verdict = "met" if r["ratio"] <= 1.0 else "MISSED"
     return Row(
         f"scoring_cost[B{r['batch']}xL{r['live_tokens']}]",

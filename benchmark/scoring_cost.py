@@ -7,10 +7,11 @@ live slots scattered through it (as after compaction), and the newest query of e
 repeats:
 - ``attn_ms``: one decode attention pass as a torch backend runs it: gather K and V through the rows, SDPA (GQA);
 - ``score_ms``: ``vtoken_sglang.scoring.decode_scores_headsum`` (gather K through the rows, softmax, head sum);
-  on CUDA also ``triton_ms``, the Triton kernel the server uses there (same contract).
+  on CUDA also ``triton_ms``, the Triton kernel the server uses there, on a CPU ``cpu_kernel_ms``, the C++ kernel
+  it uses there where it is built (``scoring/cpu_kernel.py``; same contract).
 Target (issue: score-based policies): with scores every step, the scoring costs at most one extra decode attention
-pass, i.e. ``ratio <= 1`` (the implementation the server runs on the device: Triton on CUDA, torch elsewhere, over
-``attn_ms``). Every k steps divides it by k (``--vtoken-score-every``).
+pass, i.e. ``ratio <= 1`` (the implementation the server runs on the device: Triton on CUDA, the C++ kernel on a
+CPU, else torch, over ``attn_ms``). Every k steps divides it by k (``--vtoken-score-every``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vtoken_sglang.scoring import decode_scores_headsum  # noqa: E402
+from vtoken_sglang.scoring import cpu_kernel, decode_scores_headsum  # noqa: E402
 
 SHAPES_QUICK = [(8, 512, 4, 2, 32), (32, 1024, 32, 8, 128)]
 SHAPES_FULL = [(8, 512, 4, 2, 32), (8, 2048, 32, 8, 128), (32, 1024, 32, 8, 128), (64, 2048, 32, 8, 128)]
@@ -77,9 +78,14 @@ def run_shape(B: int, L: int, Hq: int, Hkv: int, D: int, device: str, repeats: i
         triton_ms = round(
             timed(lambda: decode_scores_headsum_triton(q, k_pool, slots, live, scale), repeats, device), 3
         )
-    used_ms = triton_ms if triton_ms is not None else score_ms  # what the server runs on this device
+    kernel, cpu_kernel_ms = cpu_kernel.load() if device == "cpu" else None, None
+    if kernel is not None:
+        cpu_kernel_ms = round(timed(lambda: kernel(q[None], [k_pool], slots, live, scale), repeats, device), 3)
+    # what the server runs on this device
+    used_ms = next(ms for ms in (triton_ms, cpu_kernel_ms, score_ms) if ms is not None)
     return {
         "triton_ms": triton_ms,
+        "cpu_kernel_ms": cpu_kernel_ms,
         "batch": B,
         "live_tokens": L,
         "q_heads": Hq,
@@ -104,16 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         f"scoring_cost on {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; per layer, "
         f"median of {args.repeats}"
     )
-    tri = any(r["triton_ms"] is not None for r in rows)
-    triton_col = f"{'triton_ms' if tri else '':>{10 if tri else 0}}"
-    hdr = f"{'batch':>6}{'live':>6}{'Hq':>4}{'Hkv':>4}{'D':>5}{'attn_ms':>9}{'score_ms':>9}{triton_col}{'ratio':>7}"
+    extra = [k for k in ("triton_ms", "cpu_kernel_ms") if any(r[k] is not None for r in rows)]
+    extra_cols = "".join(f"{k:>14}" for k in extra)
+    hdr = f"{'batch':>6}{'live':>6}{'Hq':>4}{'Hkv':>4}{'D':>5}{'attn_ms':>9}{'score_ms':>9}{extra_cols}{'ratio':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        triton_col = f"{r['triton_ms']:>10.3f}" if tri else ""
+        extra_cols = "".join(f"{r[k]:>14.3f}" for k in extra)
         print(
             f"{r['batch']:>6}{r['live_tokens']:>6}{r['q_heads']:>4}{r['kv_heads']:>4}{r['head_dim']:>5}"
-            f"{r['attn_ms']:>9.3f}{r['score_ms']:>9.3f}{triton_col}{r['ratio']:>7.2f}"
+            f"{r['attn_ms']:>9.3f}{r['score_ms']:>9.3f}{extra_cols}{r['ratio']:>7.2f}"
         )
     worst = max(r["ratio"] for r in rows)
     print(

@@ -48,6 +48,9 @@ $root/cpu
 import os; os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 EOF
   "$venv/bin/python" -c 'import sgl_kernel; assert sgl_kernel.IS_VTOKEN_CPU_STANDIN'
+  # vToken's CPU scoring kernel, built once here (~30 s) rather than by the first server that scores; without a
+  # C++ compiler CPU scoring uses the torch reference
+  "$venv/bin/python" -m vtoken_sglang.scoring.cpu_kernel || echo "setup: CPU scoring kernel not built (see above)"
 else
   "${pip[@]}" sglang==0.5.23
   "${pip[@]}" -r "$root/requirements/test.txt"

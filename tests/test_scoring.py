@@ -4,7 +4,11 @@ the same way, for the tiny model (random weights, GQA) and the quick recall mode
 tokens, so a score landing one position off would show); a compacted (evicted) live row handled; collected in the
 real server, where the score-based policies run end to end."""
 
+import os
 import random
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -136,7 +140,7 @@ def test_static_query_buffers_equal_the_per_step_capture():
     other step scored, and for a batch larger than the buffers (an eager forward keeps its query instead). The
     buffers are counted on the device once per decode forward; a forward that wrote none is seen."""
     from vtoken_sglang.scoring import ScoreCollector
-    from vtoken_sglang.scoring.reference import layers_scores_headsum
+    from vtoken_sglang.scoring.collector import scores_impl
 
     g = torch.Generator().manual_seed(5)
     layers, Hq, Hkv, D, slots_n = 3, 4, 2, 16, 200
@@ -155,7 +159,7 @@ def test_static_query_buffers_equal_the_per_step_capture():
             assert got is None  # every other step is scored
             continue
         kept = torch.stack([qs[layer].view(B, Hq, D) for layer in scored])  # the queries of the forward itself
-        want = layers_scores_headsum(kept, [keys[layer] for layer in scored], slots, live, D**-0.5)
+        want = scores_impl(slots.device)(kept, [keys[layer] for layer in scored], slots, live, D**-0.5)
         assert torch.equal(got, want / (Hq * len(scored))), step
         per_layer = sum(
             decode_scores_headsum(kept[i], keys[layer], slots, live, D**-0.5) for i, layer in enumerate(scored)
@@ -172,6 +176,59 @@ def test_static_query_buffers_equal_the_per_step_capture():
     warm.start_counting()
     warm.begin_forward(True)
     assert warm.decode_forwards_unwritten() == 1
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the CPU kernel")
+def test_cpu_kernel_equals_the_reference():
+    """The CPU scoring kernel (built here: this machine has a compiler) is what CPU scoring runs, and gives the
+    torch reference's scores up to float32 rounding: in each dtype, with GQA groups of 1, 2 and 8, a logit cap,
+    int32 and int64 slots, live lengths of 0, 1, the width and past it, a strided slice of the query buffers, one
+    layer and three. A K buffer in another dtype than the queries (an fp8 cache) is scored by the reference."""
+    from vtoken_sglang.scoring import cpu_kernel
+    from vtoken_sglang.scoring.collector import scores_impl
+    from vtoken_sglang.scoring.reference import layers_scores_headsum
+
+    kernel = cpu_kernel.load()
+    assert kernel is not None and scores_impl(torch.device("cpu")) is kernel
+    g = torch.Generator().manual_seed(11)
+    cases = [  # (layers, B, Hq, Hkv, D, W, dtype, cap, slot dtype)
+        (2, 16, 4, 2, 32, 170, torch.bfloat16, 0.0, torch.int32),
+        (3, 5, 8, 1, 16, 33, torch.float32, 30.0, torch.int64),
+        (1, 7, 4, 4, 64, 9, torch.float16, 0.0, torch.int32),
+        (2, 300, 2, 2, 8, 20, torch.float32, 0.0, torch.int32),  # large enough to run requests in parallel
+    ]
+    for L, B, Hq, Hkv, D, W, dtype, cap, slot_dtype in cases:
+        q = torch.randn(L, B + 3, Hq, D, generator=g).to(dtype)[:, :B]  # the buffers' rows past the batch
+        keys = [torch.randn(500, Hkv, D, generator=g).to(dtype) for _ in range(L)]
+        slots = torch.randint(1, 500, (B, W), generator=g).to(slot_dtype)
+        live = torch.randint(0, W + 4, (B,), generator=g)
+        live[:3] = torch.tensor([0, 1, W])
+        want = layers_scores_headsum(q, keys, slots, live, D**-0.5, cap)
+        got = kernel(q, keys, slots, live, D**-0.5, cap)
+        assert got.dtype == torch.float32 and got.shape == (B, W)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert torch.equal(got[0], torch.zeros(W))  # no live key: 0, as the reference
+    q, keys = torch.randn(1, 4, 4, 16, generator=g), [torch.randn(50, 2, 16, generator=g).to(torch.bfloat16)]
+    slots, live = torch.randint(1, 50, (4, 10), generator=g), torch.full((4,), 10)
+    assert torch.equal(kernel(q, keys, slots, live, 0.25), layers_scores_headsum(q, keys, slots, live, 0.25))
+
+
+def test_cpu_scoring_falls_back_to_the_reference(tmp_path):
+    """Switched off, or where it cannot be built (here: no compiler found, in an empty extensions folder), CPU
+    scoring uses the torch reference and says so in one line."""
+    check = (
+        "import logging, torch; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+        "from vtoken_sglang.scoring.collector import scores_impl; "
+        "from vtoken_sglang.scoring.reference import layers_scores_headsum as ref; "
+        "assert scores_impl(torch.device('cpu')) is ref"
+    )
+    env = {**os.environ, "VTOKEN_SGLANG_CPU_KERNEL": "0"}
+    off = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and "CPU scoring kernel off" in off.stderr, off.stderr[-2000:]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CXX": str(tmp_path / "no-compiler")}
+    broken = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 0, broken.stderr[-2000:]
+    assert "CPU scoring kernel not built" in broken.stderr and "torch reference" in broken.stderr
 
 
 TRITON_CHECK = """
@@ -314,9 +371,10 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
     for reclaim, sent in (("off", 1 + 3 + len(PROMPT_IDS)), ("on", 1 + len(PROMPT_IDS))):
         st = runs["snapkv", reclaim][1]
         assert st["prefills_scored"] == sent and st["prefills_unscored"] == 0, (reclaim, st)
-    for (policy, reclaim), (_, st, _) in runs.items():
+    for (policy, reclaim), (_, st, log) in runs.items():
         if policy != "snapkv":
             assert st["steps_scored"] > 0 and st["steps_unscored"] == 0, (policy, reclaim)
+            assert "[vtoken] scoring on CPU: the C++ kernel" in log, (policy, reclaim)  # not the torch fallback
     for policy in SCORE_POLICIES:
         (ids_off, st_off, log_off), (ids_on, st_on, log_on) = runs[policy, "off"], runs[policy, "on"]
         assert st_off["tokens_evicted"] == st_on["tokens_evicted"] > 0, policy

@@ -35,7 +35,7 @@ from vtoken_sglang.integration.stats import RuntimeStats
 from vtoken_sglang.integration.tp_group import TpGroup
 from vtoken_sglang.integration.worker_link import SNAPSHOT_EVERY, WorkerLink
 from vtoken_sglang.policies import PolicyConfig, make_policy
-from vtoken_sglang.scoring import ScoreCollector
+from vtoken_sglang.scoring import ScoreCollector, cpu_kernel
 
 # Debug: the CPU copy engine's fences report done only after a number of queries drawn from 0..N, seeded per TP
 # rank, as CUDA events may (the copies themselves stay real and synchronous).
@@ -52,12 +52,15 @@ def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
     return table.metadata_bytes() + pool.metadata_bytes() + rows.device_bytes()
 
 
-def make_scorer(cfg: VTokenConfig, num_layers: int) -> ScoreCollector | None:
+def make_scorer(cfg: VTokenConfig, num_layers: int, device: str) -> ScoreCollector | None:
     """The score collector of a score-based policy (None for the others). A scheduler builds it before SGLang
-    builds the model: the attention hook writes queries into it while SGLang captures its CUDA graphs."""
+    builds the model: the attention hook writes queries into it while SGLang captures its CUDA graphs. Decode
+    scoring on a CPU loads (or builds) the CPU kernel now, not at the first scored step."""
     if not cfg.scoring:
         return None
     prefill = cfg.scoring == "prefill"
+    if not prefill and device == "cpu":
+        cpu_kernel.load()
     return ScoreCollector(
         num_layers,
         cfg.vtoken_score_layers,
@@ -155,7 +158,7 @@ class VTokenRuntime:
         )
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:
-            scorer = scorer or make_scorer(cfg, len(kv_pool.k_buffer))
+            scorer = scorer or make_scorer(cfg, len(kv_pool.k_buffer), self.table.slots.device.type)
             self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, producer=producer, dump=score_dump)
         self.integrity = IntegrityWatch(self.reclaimer, self.rows, self.stats)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on

@@ -34,7 +34,9 @@ def scheduler_init(original, scheduler, server_args, *args, **kwargs) -> None:
         model_support.refuse(reason)
     model_support.SERVING.update(model=model_support.model_name(model_config), context_len=model_config.context_len)
     global SCORER
-    SCORER = runtime.make_scorer(options.current_config(server_args), model_config.num_attention_layers)
+    SCORER = runtime.make_scorer(
+        options.current_config(server_args), model_config.num_attention_layers, server_args.device
+    )
     original(scheduler, server_args, *args, **kwargs)
     cfg = options.current_config(scheduler.server_args)
     rt = VTokenRuntime.from_scheduler(scheduler, cfg, SCORER, score_dump=report_hooks.SCORE_DUMP is not None)

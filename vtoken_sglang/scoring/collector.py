@@ -26,10 +26,12 @@ from vtoken_sglang.scoring.reference import layers_scores_headsum, window_scores
 
 
 def scores_impl(device: torch.device) -> Callable[..., torch.Tensor]:
-    """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA, the torch reference (all
-    layers at once) elsewhere."""
+    """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA; elsewhere the CPU kernel (all
+    layers in one op, ``cpu_kernel``) where it is built, else the torch reference (all layers at once)."""
     if device.type != "cuda":
-        return layers_scores_headsum
+        from vtoken_sglang.scoring import cpu_kernel  # not at import: ``python -m`` runs that module
+
+        return cpu_kernel.load() or layers_scores_headsum
     from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
 
     def triton_layers(q, k_buffers, slots, live_len, scale, logit_cap):
