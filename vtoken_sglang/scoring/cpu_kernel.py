@@ -29,7 +29,7 @@ logger = logging.getLogger("vtoken_sglang")
 SOURCE = Path(__file__).with_name("cpu_scores.cpp")
 NAME = "vtoken_cpu_scores"
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno"]
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # q and K of one of these, the same: the kernel's
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel takes (q and K of the same one)
 ENABLED = os.environ.get("VTOKEN_SGLANG_CPU_KERNEL", "1") != "0"
 
 _loaded: Callable[..., torch.Tensor] | None = None
