@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vtoken_sglang.scoring import ScoreCollector
-from vtoken_sglang.scoring.reference import layers_scores_headsum
+from vtoken_sglang.scoring.collector import scores_impl
 
 
 class ToyDecoder(torch.nn.Module):
@@ -108,7 +108,9 @@ def check(device: str) -> dict:
                 h = h + torch.tanh(h @ wq) @ wo
             got = eager.scores(keys, rows, live)
             stacked = torch.stack([kept[layer] for layer in range(layers)])
-            want = layers_scores_headsum(stacked, [keys(layer) for layer in range(layers)], rows, live, D**-0.5)
+            # the implementation the collector runs here (the CPU kernel where it is built), on the forward's queries
+            impl = scores_impl(rows.device)
+            want = impl(stacked, [keys(layer) for layer in range(layers)], rows, live, D**-0.5)
             want = want / (Hq * layers)
             same_q = torch.equal(torch.stack([kept[layer] for layer in range(layers)]), eager.buffers.q[:, :B])
             same_q = same_q and torch.equal(with_hook, h)
