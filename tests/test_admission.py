@@ -4,7 +4,6 @@ remaining length. vToken (reclaim on) routes them through the general path, capp
 run at once; Naive-Evict (reclaim off, scattered victims: nothing is freed) keeps upstream's path. Same victims,
 so the same greedy tokens, and no retraction (the capped reservation holds)."""
 
-import concurrent.futures as cf
 import re
 
 import pytest
@@ -33,18 +32,10 @@ NEW_TOKENS = 224
 
 
 def run(s: SglangServer) -> dict:
-    def one(ids):
-        return s.post(
-            "/generate",
-            {
-                "input_ids": ids,
-                "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True},
-            },
-            timeout=900,
-        )
-
-    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        outs = list(pool.map(one, PROMPTS))
+    # one batch request: every prompt reaches the scheduler at once, so what admission lets run together does not
+    # depend on how the requests happened to arrive
+    sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    outs = s.post("/generate", {"input_ids": PROMPTS, "sampling_params": sampling}, timeout=900)
     running = [int(n) for n in re.findall(r"#running-req: (\d+)", s.log_text())]
     return {
         "ids": [o["output_ids"] for o in outs],
