@@ -15,6 +15,7 @@ Both are means over all query heads of all TP ranks and over the scored layers. 
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers
 from vtoken_sglang.scoring.reference import layers_scores_headsum, window_scores_headsum
 
 
+@functools.cache
 def scores_impl(device: torch.device) -> Callable[..., torch.Tensor]:
     """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA; elsewhere the CPU kernel (all
-    layers in one op, ``cpu_kernel``) where it is built, else the torch reference (all layers at once)."""
+    layers in one op, ``cpu_kernel``) where it is built, else the torch reference (all layers at once). Chosen once
+    per device (every scored step asks)."""
     if device.type != "cuda":
         from vtoken_sglang.scoring import cpu_kernel  # not at import: ``python -m`` runs that module
 
