@@ -48,9 +48,9 @@ $root/cpu
 import os; os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 EOF
   "$venv/bin/python" -c 'import sgl_kernel; assert sgl_kernel.IS_VTOKEN_CPU_STANDIN'
-  # vToken's CPU scoring kernel, built once here (~30 s) rather than by the first server that scores; without a
-  # C++ compiler CPU scoring uses the torch reference
-  "$venv/bin/python" -m vtoken_sglang.scoring.cpu_kernel || echo "setup: CPU scoring kernel not built (see above)"
+  # vToken's CPU kernels (scoring, Token Table), built once here (~40 s) rather than by the first server; without
+  # a C++ compiler vToken uses torch ops on a CPU instead
+  "$venv/bin/python" -m vtoken_sglang.cpu_ops || echo "setup: CPU kernels not built (see above)"
 else
   "${pip[@]}" sglang==0.5.23
   "${pip[@]}" -r "$root/requirements/test.txt"

@@ -29,9 +29,10 @@ class MiniEngine:
         reclaim=True,
         fence_delay=0,
         fence_seed=0,
+        cpu_kernels=None,
     ):
         self.pool = PagePool(num_pages, page_size, reserve=reserve)
-        self.table = TokenTable(rows, max_context, self.pool, state_names=state_names)
+        self.table = TokenTable(rows, max_context, self.pool, state_names=state_names, cpu_kernels=cpu_kernels)
         self.kv = [torch.zeros((num_pages + 1) * page_size, 3) for _ in range(4)]
         self.reclaimer = Reclaimer(
             self.table,

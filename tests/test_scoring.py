@@ -214,21 +214,23 @@ def test_cpu_kernel_equals_the_reference():
 
 
 def test_cpu_scoring_falls_back_to_the_reference(tmp_path):
-    """Switched off, or where it cannot be built (here: no compiler found, in an empty extensions folder), CPU
-    scoring uses the torch reference and says so in one line."""
+    """Switched off, or where they cannot be built (here: no compiler found, in an empty extensions folder), CPU
+    scoring uses the torch reference and the Token Table its torch ops, and one line says so."""
     check = (
         "import logging, torch; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
         "from vtoken_sglang.scoring.collector import scores_impl; "
         "from vtoken_sglang.scoring.reference import layers_scores_headsum as ref; "
-        "assert scores_impl(torch.device('cpu')) is ref"
+        "assert scores_impl(torch.device('cpu')) is ref; "
+        "from vtoken_sglang.core.pages import PagePool; from vtoken_sglang.core.token_table import TokenTable; "
+        "assert TokenTable(2, 8, PagePool(4, 4)).kernels is None"
     )
     env = {**os.environ, "VTOKEN_SGLANG_CPU_KERNEL": "0"}
     off = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120)
-    assert off.returncode == 0 and "CPU scoring kernel off" in off.stderr, off.stderr[-2000:]
+    assert off.returncode == 0 and "CPU kernels off" in off.stderr, off.stderr[-2000:]
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CXX": str(tmp_path / "no-compiler")}
     broken = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
     assert broken.returncode == 0, broken.stderr[-2000:]
-    assert "CPU scoring kernel not built" in broken.stderr and "torch reference" in broken.stderr
+    assert "CPU kernels not built" in broken.stderr and "use torch ops" in broken.stderr
 
 
 TRITON_CHECK = """

@@ -3,7 +3,7 @@
 A row's live entries are columns ``0 .. live_len[r]-1`` of the row store; their metadata is per KV slot, so every
 read goes through the row's slots. Reads past a row's live length give padding (slot 0, state 0). The accessors use
 the table's ``slots``, ``live_len`` (which settles deferred decode tokens), ``logical``, ``state``, ``active``,
-``page_size`` and ``settle``.
+``page_size``, ``settle`` and ``kernels`` (vToken's CPU kernels, or None).
 """
 
 from __future__ import annotations
@@ -43,21 +43,27 @@ class RowReads:
         """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
         ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
         same on every device and TP rank, whatever order the writes land in."""
-        slots, values = self._padded_writes(rows, values)
-        self.state[name].scatter_reduce_(0, slots, values, "amax", include_self=False)
+        self._fold(name, rows, values, "amax")
 
     def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
         sum of their values."""
-        slots, values = self._padded_writes(rows, values)
-        self.state[name].index_add_(0, slots, values)
+        self._fold(name, rows, values, "sum")
 
-    def _padded_writes(self, rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat ``(slots, values)`` of a state write to ``rows``: columns past a live length go to the padding slot
-        0 with value 0 (its state stays 0, the padding page never holds a token). No boolean mask: the same
-        shapes every time, no device read."""
+    def _fold(self, name: str, rows: torch.Tensor, values: torch.Tensor, reduce: str) -> None:
+        """``values[k, width]`` into the state of ``rows``' live entries, by ``reduce`` (``sum`` or ``amax``): the
+        CPU kernel where the table has it, else torch ops on the flat writes, where columns past a live length go to
+        the padding slot 0 with value 0 (its state stays 0, the padding page never holds a token; no boolean mask:
+        the same shapes every time, no device read)."""
+        if self.kernels is not None:
+            self.kernels.fold_rows(self.state[name], self.slots, rows, self.live_len, values, reduce)
+            return
         slots, valid = self._live_slots(rows, values.shape[1])
-        return slots.reshape(-1), torch.where(valid, values.to(torch.float32), 0.0).reshape(-1)
+        slots, values = slots.reshape(-1), torch.where(valid, values.to(torch.float32), 0.0).reshape(-1)
+        if reduce == "sum":
+            self.state[name].index_add_(0, slots, values)
+        else:
+            self.state[name].scatter_reduce_(0, slots, values, reduce, include_self=False)
 
     def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The live slots of ``row`` and their logical ids."""

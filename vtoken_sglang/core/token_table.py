@@ -36,12 +36,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vtoken_sglang import cpu_ops
 from vtoken_sglang.core.pages import TREE, PagePool, tail_room
+from vtoken_sglang.core.registration import Registration
 from vtoken_sglang.core.row_reads import RowReads
 from vtoken_sglang.core.segments import repeat_rows, segment_ranks
 
 
-class TokenTable(RowReads):
+class TokenTable(RowReads, Registration):
     def __init__(
         self,
         num_rows: int,
@@ -49,9 +51,12 @@ class TokenTable(RowReads):
         pages: PagePool,
         slots: torch.Tensor | None = None,
         state_names: tuple[str, ...] = (),
+        cpu_kernels: bool | None = None,
     ):
         """``slots``: an existing int32 ``[num_rows, max_context]`` tensor to use as the row store (SGLang's
-        ``req_to_token``); a new one is made otherwise. Per-slot metadata covers the pool's pages 0..num_pages."""
+        ``req_to_token``); a new one is made otherwise. Per-slot metadata covers the pool's pages 0..num_pages.
+        ``cpu_kernels``: register tokens and fold state with vToken's CPU kernels (``cpu_ops``; same results as the
+        torch ops); default: on a CPU where they are built."""
         dev = pages.device
         self.pages = pages
         self.page_size = pages.page_size
@@ -69,6 +74,11 @@ class TokenTable(RowReads):
         self._n_deferred = 0
         self.active = torch.zeros(num_rows, dtype=torch.bool, device=dev)
         self.row_key = torch.arange(num_rows, dtype=torch.int64, device=dev)  # per-request identity for policies
+        if cpu_kernels is None:
+            cpu_kernels = dev.type == "cpu" and cpu_ops.load()
+        elif cpu_kernels and not cpu_ops.load():
+            raise RuntimeError("cpu_kernels=True, but vToken's CPU kernels are not there (see the log line above)")
+        self.kernels = torch.ops.vtoken_cpu if cpu_kernels else None
 
     @property
     def live_len(self) -> torch.Tensor:
@@ -151,88 +161,6 @@ class TokenTable(RowReads):
         slots = self.alloc_slots(rows, counts)
         self.sync_new_tokens(rows, counts, slots)
         return slots
-
-    def sync_new_tokens(
-        self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor | None = None, claim_pages: bool = False
-    ) -> None:
-        """Register ``counts[i]`` newly written tokens of request ``rows[i]`` at the end of its row (logical ids
-        ``logical_len ...``). ``slots``: their KV slots, concatenated in row order; ``None`` when the engine already
-        wrote them into the row store (SGLang writes ``req_to_token`` itself). ``claim_pages``: pages of the new
-        slots that the pool does not track yet (allocated by the engine) become owned by their row."""
-        counts = counts.to(torch.int64)
-        total = int(counts.sum())
-        if total == 0:
-            return
-        req, k = segment_ranks(counts, total)
-        r = rows.to(torch.int64)[req]
-        col = self.live_len[r] + k
-        assert int(col.max()) < self.max_context, "row overflow"
-        if slots is not None:
-            self.slots[r, col] = slots.to(self.slots.dtype)
-        self._register(r, col, self.logical_len[r] + k, claim_pages)
-        self.live_len.index_add_(0, rows.to(torch.int64), counts)
-        self.logical_len.index_add_(0, rows.to(torch.int64), counts)
-
-    def sync_decode_tokens(self, rows: torch.Tensor) -> None:
-        """One new token per request, already in the row store, its page claimed if untracked: what
-        ``sync_new_tokens(rows, ones, claim_pages=True)`` does, in less than half the tensor ops (it runs every
-        decode step). ``rows`` are distinct (a batch holds a request
-        once), so no two new tokens share a page, and each lands in a page of its own row: the tail page with
-        room, or a fresh one claimed here (its owner is written as the row either way). Hence no boolean indexing
-        (a parallel region per call on shared cores), no filter for tree pages, and no host read. Fifteen small
-        tensor ops: a row past ``max_context`` fails the indexing, and a page of another owner would fail the
-        integrity check (I2), rather than spend checks here."""
-        r = rows.to(torch.int64)
-        col = self.live_len[r]
-        new_slots = self.slots[r, col].to(torch.int64)  # fresh slots of the rows' own pages: no reader yet
-        logical = self.logical_len[r]
-        self.logical[new_slots] = logical.to(torch.int32)
-        self.readers[new_slots] = 1
-        for t in self.state.values():
-            t[new_slots] = 0
-        pages = new_slots // self.page_size
-        self.pages.owner[pages] = r.to(torch.int32)
-        self.pages.live.index_add_(0, pages, torch.ones_like(pages, dtype=torch.int32))
-        self.live_len[r] = col + 1
-        self.logical_len[r] = logical + 1
-
-    def defer_decode_tokens(self, rows: np.ndarray) -> None:
-        """``sync_decode_tokens`` of ``rows`` (distinct host row ids), registered at the next ``settle``: a decode
-        step that nothing reads the table after costs one host add. Until then the rows' slots hold the tokens
-        and nothing else shows them; whatever reads the table settles first."""
-        self._deferred[rows] += 1
-        self._n_deferred += len(rows)
-
-    def settle(self) -> None:
-        """Register every deferred decode token: the table, pages and policy state become what one
-        ``sync_decode_tokens`` per deferred step would have left."""
-        if not self._n_deferred:
-            return
-        rows = np.flatnonzero(self._deferred)
-        counts = self._deferred[rows]
-        self._deferred[rows] = 0
-        self._n_deferred = 0
-        dev = self.slots.device
-        r = torch.from_numpy(rows).to(dev)
-        if counts.max() == 1:  # one step deferred (a table read after every step): the short path
-            self.sync_decode_tokens(r)
-        else:
-            self.sync_new_tokens(r, torch.from_numpy(counts).to(dev), claim_pages=True)
-
-    def _register(self, r: torch.Tensor, col: torch.Tensor, logical: torch.Tensor, claim_pages: bool) -> None:
-        """Entries ``(r[j], col[j])`` (already holding their slots) become live tokens with logical ids ``logical``;
-        a slot's policy state starts at 0 when it gets its first reader; their pages gain a live token each."""
-        new_slots = self.slots[r, col].to(torch.int64)
-        self.logical[new_slots] = logical.to(torch.int32)
-        first = new_slots[self.readers[new_slots] == 0]
-        for t in self.state.values():
-            t[first] = 0
-        self.readers.index_add_(0, new_slots, torch.ones_like(new_slots, dtype=torch.int32))
-        if claim_pages:
-            pages = new_slots // self.page_size
-            untracked = self.pages.owner[pages] == -1
-            self.pages.owner[pages[untracked]] = r[untracked].to(torch.int32)
-        self.pages.add_live(new_slots, +1)
 
     # ------------------------------------------------------------------ eviction
 

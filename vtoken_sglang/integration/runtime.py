@@ -55,7 +55,7 @@ def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
 def make_scorer(cfg: VTokenConfig, num_layers: int, device: str) -> ScoreCollector | None:
     """The score collector of a score-based policy (None for the others). A scheduler builds it before SGLang
     builds the model: the attention hook writes queries into it while SGLang captures its CUDA graphs. Decode
-    scoring on a CPU loads (or builds) the CPU kernel now, not at the first scored step."""
+    scoring on a CPU loads (or builds) the CPU kernels now, not at the first scored step."""
     if not cfg.scoring:
         return None
     prefill = cfg.scoring == "prefill"

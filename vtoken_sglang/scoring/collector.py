@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vtoken_sglang.scoring import cpu_kernel
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers
 from vtoken_sglang.scoring.reference import layers_scores_headsum, window_scores_headsum
 
@@ -29,11 +30,9 @@ from vtoken_sglang.scoring.reference import layers_scores_headsum, window_scores
 @functools.cache
 def scores_impl(device: torch.device) -> Callable[..., torch.Tensor]:
     """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA; elsewhere the CPU kernel (all
-    layers in one op, ``cpu_kernel``) where it is built, else the torch reference (all layers at once). Chosen once
-    per device (every scored step asks)."""
+    layers in one op, ``cpu_kernel``) where vToken's CPU kernels are built, else the torch reference (all layers at
+    once). Chosen once per device (every scored step asks)."""
     if device.type != "cuda":
-        from vtoken_sglang.scoring import cpu_kernel  # not at import: ``python -m`` runs that module
-
         return cpu_kernel.load() or layers_scores_headsum
     from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
 

@@ -118,7 +118,7 @@ at::Tensor decode_scores_headsum(const at::Tensor& q, at::TensorList k_buffers, 
 
 }  // namespace
 
-TORCH_LIBRARY(vtoken_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(vtoken_cpu, m) {
   m.def("decode_scores_headsum(Tensor q, Tensor[] k_buffers, Tensor slots, Tensor live_len, float scale, "
         "float logit_cap) -> Tensor");
 }
