@@ -181,7 +181,7 @@ def test_static_query_buffers_equal_the_per_step_capture():
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the CPU kernel")
 def test_cpu_kernel_equals_the_reference():
     """The CPU scoring kernel (built here: this machine has a compiler) is what CPU scoring runs, and gives the
-    torch reference's scores up to float32 rounding: in each dtype, with GQA groups of 1, 2 and 8, a logit cap,
+    torch reference's scores up to float32 rounding: in each dtype, with GQA groups of 1, 2, 4 and 8, head dims 8 to 128, a logit cap,
     int32 and int64 slots, live lengths of 0, 1, the width and past it, a strided slice of the query buffers, one
     layer and three. A K buffer in another dtype than the queries (an fp8 cache) is scored by the reference."""
     from vtoken_sglang.scoring import cpu_kernel
@@ -195,6 +195,7 @@ def test_cpu_kernel_equals_the_reference():
         (2, 16, 4, 2, 32, 170, torch.bfloat16, 0.0, torch.int32),
         (3, 5, 8, 1, 16, 33, torch.float32, 30.0, torch.int64),
         (1, 7, 4, 4, 64, 9, torch.float16, 0.0, torch.int32),
+        (1, 3, 8, 2, 128, 40, torch.bfloat16, 0.0, torch.int64),
         (2, 300, 2, 2, 8, 20, torch.float32, 0.0, torch.int32),  # large enough to run requests in parallel
     ]
     for L, B, Hq, Hkv, D, W, dtype, cap, slot_dtype in cases:

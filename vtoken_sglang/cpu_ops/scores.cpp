@@ -16,10 +16,11 @@ namespace {
 
 constexpr int64_t kAhead = 8;  // keys fetched ahead of the one being scored
 
-template <typename scalar_t, typename index_t>
+// kD: the head dim when it is one of the common ones (fixed at compile time, so the per-key loops unroll), else 0
+template <typename scalar_t, typename index_t, int kD>
 void score_rows(const at::Tensor& q, const std::vector<at::Tensor>& keys, const index_t* slots, const int64_t* live,
                 int64_t B, int64_t W, double scale, double cap, float* out) {
-  const int64_t L = q.size(0), Hq = q.size(2), D = q.size(3), Hkv = keys[0].size(1), group = Hq / Hkv;
+  const int64_t L = q.size(0), Hq = q.size(2), D = kD > 0 ? kD : q.size(3), Hkv = keys[0].size(1), group = Hq / Hkv;
   const int64_t q_layer = q.stride(0), q_row = q.stride(1), q_head = q.stride(2);
   std::vector<const scalar_t*> k_ptr(L);
   std::vector<int64_t> k_slot(L), k_head(L);
@@ -87,6 +88,21 @@ void score_rows(const at::Tensor& q, const std::vector<at::Tensor>& keys, const 
   });
 }
 
+template <typename scalar_t, typename index_t>
+void score_rows_by_dim(const at::Tensor& q, const std::vector<at::Tensor>& keys, const index_t* slots,
+                       const int64_t* live, int64_t B, int64_t W, double scale, double cap, float* out) {
+  switch (q.size(3)) {
+    case 32:
+      return score_rows<scalar_t, index_t, 32>(q, keys, slots, live, B, W, scale, cap, out);
+    case 64:
+      return score_rows<scalar_t, index_t, 64>(q, keys, slots, live, B, W, scale, cap, out);
+    case 128:
+      return score_rows<scalar_t, index_t, 128>(q, keys, slots, live, B, W, scale, cap, out);
+    default:
+      return score_rows<scalar_t, index_t, 0>(q, keys, slots, live, B, W, scale, cap, out);
+  }
+}
+
 at::Tensor decode_scores_headsum(const at::Tensor& q, at::TensorList k_buffers, const at::Tensor& slots,
                                  const at::Tensor& live_len, double scale, double logit_cap) {
   TORCH_CHECK(q.dim() == 4 && q.stride(3) == 1, "q: [layers, batch, heads, head_dim], last dim contiguous");
@@ -105,12 +121,12 @@ at::Tensor decode_scores_headsum(const at::Tensor& q, at::TensorList k_buffers, 
   auto out = at::zeros({B, W}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "vtoken_decode_scores", [&] {
     if (s.scalar_type() == at::kInt) {
-      score_rows<scalar_t, int32_t>(q, keys, s.data_ptr<int32_t>(), live.data_ptr<int64_t>(), B, W, scale, logit_cap,
-                                    out.data_ptr<float>());
+      score_rows_by_dim<scalar_t, int32_t>(q, keys, s.data_ptr<int32_t>(), live.data_ptr<int64_t>(), B, W, scale,
+                                           logit_cap, out.data_ptr<float>());
     } else {
       TORCH_CHECK(s.scalar_type() == at::kLong, "slots: int32 or int64");
-      score_rows<scalar_t, int64_t>(q, keys, s.data_ptr<int64_t>(), live.data_ptr<int64_t>(), B, W, scale, logit_cap,
-                                    out.data_ptr<float>());
+      score_rows_by_dim<scalar_t, int64_t>(q, keys, s.data_ptr<int64_t>(), live.data_ptr<int64_t>(), B, W, scale,
+                                           logit_cap, out.data_ptr<float>());
     }
   });
   return out;
