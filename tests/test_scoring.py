@@ -181,9 +181,10 @@ def test_static_query_buffers_equal_the_per_step_capture():
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the CPU kernel")
 def test_cpu_kernel_equals_the_reference():
     """The CPU scoring kernel (built here: this machine has a compiler) is what CPU scoring runs, and gives the
-    torch reference's scores up to float32 rounding: in each dtype, with GQA groups of 1, 2, 4 and 8, head dims 8 to 128, a logit cap,
-    int32 and int64 slots, live lengths of 0, 1, the width and past it, a strided slice of the query buffers, one
-    layer and three. A K buffer in another dtype than the queries (an fp8 cache) is scored by the reference."""
+    torch reference's scores up to float32 rounding: in each dtype, with GQA groups of 1, 2, 4 and 8, head dims of
+    8 to 128 (those fixed at compile time and others), a logit cap, int32 and int64 slots, live lengths of 0, 1, the
+    width and past it, a strided slice of the query buffers, one layer and three. A K buffer in another dtype than
+    the queries (an fp8 cache) is scored by the reference."""
     from vtoken_sglang.scoring import cpu_kernel
     from vtoken_sglang.scoring.collector import scores_impl
     from vtoken_sglang.scoring.reference import layers_scores_headsum
