@@ -13,4 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# vToken's CPU kernels (the host Token Table's, the CPU scoring's) would be compiled here first, on device time
+# (~40 s where a compiler and ninja are found); this check is about CUDA, so the host side runs torch ops
+export VTOKEN_SGLANG_CPU_KERNEL="${VTOKEN_SGLANG_CPU_KERNEL:-0}"
 exec timeout 480 python3 -u benchmark/gpu_check.py "$@"
