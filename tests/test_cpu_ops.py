@@ -1,9 +1,9 @@
 """vToken's CPU kernels for the Token Table (``cpu_ops/token_table.cpp``) against the torch ops they replace: two
 tables, one with the kernels and one without, through the same random run (requests opened on a shared prefix in
-tree pages, decode tokens registered at once, late and several steps late, some on pages the pool does not track
-yet, evictions, attention folded by sum and by max over rows that share slots, requests ended and started again):
-after every step every tensor of both tables and both pools is equal, bit for bit. The scoring kernel has its own
-test (``test_scoring``)."""
+tree pages that the engine wrote into their rows, decode tokens registered at once, late and several steps late,
+some on pages the pool does not track yet, evictions, attention folded by sum and by max over rows that share
+slots, requests ended and started again): after every step every tensor of both tables and both pools is equal,
+bit for bit. The scoring kernel has its own test (``test_scoring``)."""
 
 import shutil
 
@@ -56,7 +56,8 @@ class Twins:
 
         def go(eng, t):
             t.open_rows(rows)
-            t.sync_new_tokens(rows, torch.tensor([n]), self.shared[:n])
+            t.slots[row, :n] = self.shared[:n].to(t.slots.dtype)  # the engine wrote the prefix (tree pages)
+            t.sync_new_tokens(rows, torch.tensor([n]))  # as RequestRows.manage: not claimed, not counted
             eng.write(rows, torch.tensor([own]))
 
         self.each(go)

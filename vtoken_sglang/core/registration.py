@@ -22,8 +22,8 @@ class Registration:
         ``logical_len ...``). ``slots``: their KV slots, concatenated in row order; ``None`` when the engine already
         wrote them into the row store (SGLang writes ``req_to_token`` itself). ``claim_pages``: pages of the new
         slots that the pool does not track yet (allocated by the engine) become owned by their row."""
-        if slots is None and claim_pages and self.kernels is not None:
-            self._register_in_kernel(rows, counts)
+        if slots is None and self.kernels is not None:
+            self._register_in_kernel(rows, counts, claim_pages)
             return
         counts = counts.to(torch.int64)
         total = int(counts.sum())
@@ -42,14 +42,14 @@ class Registration:
     def sync_decode_tokens(self, rows: torch.Tensor) -> None:
         """One new token per request, already in the row store, its page claimed if untracked: what
         ``sync_new_tokens(rows, ones, claim_pages=True)`` does, in less than half the tensor ops (it runs every
-        decode step). ``rows`` are distinct (a batch holds a request
-        once), so no two new tokens share a page, and each lands in a page of its own row: the tail page with
-        room, or a fresh one claimed here (its owner is written as the row either way). Hence no boolean indexing
-        (a parallel region per call on shared cores), no filter for tree pages, and no host read. Fifteen small
-        tensor ops: a row past ``max_context`` fails the indexing, and a page of another owner would fail the
-        integrity check (I2), rather than spend checks here. With the CPU kernels: ``sync_new_tokens``'s, in one op."""
+        decode step). ``rows`` are distinct (a batch holds a request once), so no two new tokens share a page, and
+        each lands in a page of its own row: the tail page with room, or a fresh one claimed here (its owner is
+        written as the row either way). Hence no boolean indexing (a parallel region per call on shared cores), no
+        filter for tree pages, and no host read. Fifteen small tensor ops: a row past ``max_context`` fails the
+        indexing, and a page of another owner would fail the integrity check (I2), rather than spend checks here.
+        With the CPU kernels: ``sync_new_tokens``'s, in one op."""
         if self.kernels is not None:
-            self._register_in_kernel(rows, torch.ones_like(rows))
+            self._register_in_kernel(rows, torch.ones_like(rows), claim_pages=True)
             return
         r = rows.to(torch.int64)
         col = self.live_len[r]
@@ -82,7 +82,7 @@ class Registration:
         self._deferred[rows] = 0
         self._n_deferred = 0
         if self.kernels is not None:  # a CPU table: the host arrays as they are
-            self._register_in_kernel(torch.from_numpy(rows), torch.from_numpy(counts))
+            self._register_in_kernel(torch.from_numpy(rows), torch.from_numpy(counts), claim_pages=True)
             return
         dev = self.slots.device
         r = torch.from_numpy(rows).to(dev)
@@ -91,13 +91,13 @@ class Registration:
         else:
             self.sync_new_tokens(r, torch.from_numpy(counts).to(dev), claim_pages=True)
 
-    def _register_in_kernel(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
-        """``sync_new_tokens(rows, counts, claim_pages=True)`` of tokens already in the row store, by the CPU kernel
-        (``rows`` distinct)."""
+    def _register_in_kernel(self, rows: torch.Tensor, counts: torch.Tensor, claim_pages: bool) -> None:
+        """``sync_new_tokens(rows, counts, claim_pages=claim_pages)`` of tokens already in the row store, by the CPU
+        kernel (``rows`` distinct)."""
         p = self.pages
         self.kernels.register_tokens(
             self.slots, rows, counts, self._live_len, self._logical_len, self.logical, self.readers,
-            list(self.state.values()), p.owner, p.live, self.page_size,
+            list(self.state.values()), p.owner, p.live, self.page_size, claim_pages,
         )  # fmt: skip
 
     def _register(self, r: torch.Tensor, col: torch.Tensor, logical: torch.Tensor, claim_pages: bool) -> None:

@@ -10,14 +10,16 @@ run in parallel stall whenever another process holds the other core; a scored de
 The kernels run on the calling thread for batches of the size a decode step has, and give the torch ops' results
 (the Token Table's bit for bit, the scores up to float32 rounding). They are compiled on first use
 (``torch.utils.cpp_extension``: a C++ compiler and ninja) and cached by torch under ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``); concurrent builds (several schedulers starting at once) wait for one. Where they
-cannot be built, or with ``VTOKEN_SGLANG_CPU_KERNEL=0``, the torch ops run instead, and a log line says so once.
+``~/.cache/torch_extensions``; one build per version of the sources); concurrent builds (several schedulers
+starting at once) wait for one. Where they cannot be built, or with ``VTOKEN_SGLANG_CPU_KERNEL=0``, the torch ops
+run instead, and a log line says so once.
 
     python -m vtoken_sglang.cpu_ops     # build them now (``scripts/setup.sh`` does)
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -26,9 +28,16 @@ from pathlib import Path
 logger = logging.getLogger("vtoken_sglang")
 
 SOURCES = [Path(__file__).with_name(name) for name in ("scores.cpp", "token_table.cpp")]
-NAME = "vtoken_cpu_ops"
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno"]
 ENABLED = os.environ.get("VTOKEN_SGLANG_CPU_KERNEL", "1") != "0"
+
+
+def extension_name() -> str:
+    """The build's name, by the sources and flags: two checkouts of different versions on one machine build and
+    load their own (a shared name would have each rebuild the other's, and a process could load the other's ops)."""
+    digest = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in SOURCES), " ".join(FLAGS).encode()]))
+    return f"vtoken_cpu_ops_{digest.hexdigest()[:12]}"
+
 
 _state: dict[str, bool] = {}
 
@@ -47,7 +56,7 @@ def load() -> bool:
         import torch
         from torch.utils.cpp_extension import load as build
 
-        build(NAME, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS, is_python_module=False)
+        build(extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS, is_python_module=False)
         torch.ops.vtoken_cpu.register_tokens  # noqa: B018 (raises if the library did not register its ops)
     except Exception as e:  # no compiler, no ninja, a build error: the torch ops do the same work, slower
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]

@@ -2,11 +2,11 @@
 // torch ops there do in ten to twenty small ops, every one of which costs tens of microseconds right after a
 // forward on a CPU. Same results, bit for bit (integers, and float sums in the torch ops' order).
 //
-// register_tokens: TokenTable.sync_new_tokens(rows, counts, claim_pages=True) for tokens the engine already wrote
+// register_tokens: TokenTable.sync_new_tokens(rows, counts, claim_pages=claim) for tokens the engine already wrote
 //   into the row store. Per row r (distinct) and k < counts: slot s = slots[r, live_len[r] + k] gets logical id
 //   logical_len[r] + k, its policy state zeroed if it had no reader, one more reader; its page p = s / page_size is
-//   claimed by r when untracked (owner -1), and counts one more live token when private (owner >= 0). Then
-//   live_len[r] and logical_len[r] grow by counts.
+//   claimed by r when untracked (owner -1) and claim is set, and counts one more live token when private
+//   (owner >= 0). Then live_len[r] and logical_len[r] grow by counts.
 // fold_rows: RowReads.add_row_state ("sum": every live entry of rows[i] in columns j < min(live_len, width) adds
 //   values[i, j] to its slot's state) and set_row_state ("amax": each slot written takes the largest value its
 //   readers among rows give).
@@ -37,7 +37,7 @@ void check_table_tensors(const at::Tensor& slots, const at::Tensor& live_len) {
 
 void register_tokens(const at::Tensor& slots, const at::Tensor& rows, const at::Tensor& counts, at::Tensor live_len,
                      at::Tensor logical_len, at::Tensor logical, at::Tensor readers, at::TensorList states,
-                     at::Tensor owner, at::Tensor page_live, int64_t page_size) {
+                     at::Tensor owner, at::Tensor page_live, int64_t page_size, bool claim) {
   check_table_tensors(slots, live_len);
   TORCH_CHECK(logical_len.scalar_type() == at::kLong && logical_len.is_contiguous(), "logical_len: int64 [rows]");
   TORCH_CHECK(logical.scalar_type() == at::kInt && readers.scalar_type() == at::kInt && logical.is_contiguous() &&
@@ -75,7 +75,7 @@ void register_tokens(const at::Tensor& slots, const at::Tensor& rows, const at::
       }
       slot_readers[s] += 1;
       const int64_t p = s / page_size;
-      if (page_owner[p] == kFree) page_owner[p] = static_cast<int32_t>(r);
+      if (claim && page_owner[p] == kFree) page_owner[p] = static_cast<int32_t>(r);
       if (page_owner[p] >= 0) {
         live_tokens[p] += 1;
         TORCH_CHECK(live_tokens[p] <= page_size, "a page's live count left [0, page_size]");
@@ -127,7 +127,7 @@ void fold_rows(at::Tensor state, const at::Tensor& slots, const at::Tensor& rows
 TORCH_LIBRARY_FRAGMENT(vtoken_cpu, m) {
   m.def("register_tokens(Tensor slots, Tensor rows, Tensor counts, Tensor(a!) live_len, Tensor(b!) logical_len, "
         "Tensor(c!) logical, Tensor(d!) readers, Tensor(e!)[] states, Tensor(f!) owner, Tensor(g!) page_live, "
-        "int page_size) -> ()");
+        "int page_size, bool claim) -> ()");
   m.def("fold_rows(Tensor(a!) state, Tensor slots, Tensor rows, Tensor live_len, Tensor values, str reduce) -> ()");
 }
 
