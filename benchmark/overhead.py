@@ -1,8 +1,10 @@
 """vToken's overhead on real SGLang: scheduler time per decode step and serving throughput, same load, per mode.
 
-    .venv/bin/python benchmark/overhead.py [--quick] [--scores] [--json PATH] [--repeats R]
+    .venv/bin/python benchmark/overhead.py [--model-path M] [--quick] [--scores] [--json PATH] [--repeats R]
 
-Modes, each on its own server (CPU, tiny model, page 16, radix cache on, a KV pool large enough that memory never
+The model: ``--model-path`` (default ``tiny``, the tiny random LLaMA, whose few-ms step makes vToken's host time the
+largest share it can be; ``smollm2`` for the real 30-layer checkpoint, whose relocation copies move 30 layers of K
+and V per token). Modes, each on its own server (CPU, page 16, radix cache on, a KV pool large enough that memory never
 limits the batch, so every mode runs the same batches):
 - ``plain``: SGLang without vToken, its default (overlap) scheduling loop, which the vToken modes run too (the
   like-for-like baseline); ``plain_serial``: overlap scheduling off, for reference;
@@ -55,10 +57,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from serve_bench import dash, decode_step_ms, finish, random_prompts  # noqa: E402
+from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
 
 from vtoken_sglang.serving import SglangServer, default_server_args, started_together  # noqa: E402
-from vtoken_sglang.tiny_model import build  # noqa: E402
 
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
 MODES: dict[str, list[str]] = {
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-total-tokens", type=int, default=65536)
     ap.add_argument("--sweep", type=int, nargs="*", help="batch sizes for the sweep (default 16 64 256)")
+    add_model_path(ap, default=TINY)
     args = ap.parse_args(argv)
     if args.sweep is not None:
         sizes = args.sweep or [16, 64, 256]
@@ -265,20 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_total_tokens == defaults.max_total_tokens:
             args.max_total_tokens = max(sizes) * (args.input_len + args.output_len + 16) * 3 // 2 // 16 * 16
         t0 = time.monotonic()
-        runs = run_sweep(str(build()), sizes, args)
+        runs = run_sweep(model_path(args.model_path), sizes, args)
         print_sweep(runs, args)
         return finish(t0, runs, args.json)
     if args.quick:
         args.requests, args.input_len, args.output_len, args.repeats = 16, 64, 256, 3
     if args.scores:
         args.modes = ["inline", *SCORE_MODES]
-    model = str(build())
+    model = model_path(args.model_path)
     t0 = time.monotonic()
     runs = run_modes(model, args.modes, args)
     by = {r["mode"]: r for r in runs}
     print(
         f"overhead: {args.requests} requests x ({args.input_len} in, {args.output_len} out), {args.repeats} measured "
-        f"repeats after a warm-up, page 16, --max-total-tokens {args.max_total_tokens}"
+        f"repeats after a warm-up, page 16, --max-total-tokens {args.max_total_tokens}, model {args.model_path}"
     )
     hdr = (
         f"{'mode':<14}{'out_tok/s':>10}{'spread':>8}{'vs plain':>9}{'step_ms':>9}{'hook_ms/st':>11}{'plan_ms/st':>11}"

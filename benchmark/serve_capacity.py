@@ -1,11 +1,15 @@
 """Serving capacity on real SGLang: plain SGLang, Naive-Evict and vToken on the same memory-bound load.
 
-    .venv/bin/python benchmark/serve_capacity.py [--quick] [--json PATH]
+    .venv/bin/python benchmark/serve_capacity.py [--model-path M] [--quick] [--chat TEXT] [--json PATH]
     .venv/bin/python benchmark/serve_capacity.py --shared-prefix [--quick] [--json PATH]
 
-Each mode gets its own server (CPU, tiny model, page 16, radix cache on, a fixed ``--max-total-tokens`` small
-enough that KV memory limits concurrency) and the same load of long generations: N requests sent at once, each a
-short prompt of INPUT random token ids and exactly OUTPUT greedy new tokens (ignore_eos). Naive-Evict and vToken
+Each mode gets its own server (CPU, page 16, radix cache on, a fixed ``--max-total-tokens`` small enough that KV
+memory limits concurrency; all of a run's servers start together, and their loads run one after the other) and the
+same load of long generations: N requests sent at once, each a short prompt of INPUT random token ids and exactly
+OUTPUT greedy new tokens (ignore_eos). The model: ``--model-path`` (default SmolLM2-135M-Instruct, the real
+checkpoint the project builds; ``tiny`` for the tiny random LLaMA). ``--quick`` sizes the load by the model
+(``QUICK``). ``--chat TEXT``: the first vToken server answers TEXT as a chat completion before the loads (what a
+user of it sees), printed, and its prefix flushed from the radix cache. Naive-Evict and vToken
 evict the same victims (same policy, budget and seed). Admission reserves for each request what it can still
 grow to: plain SGLang its full length; vToken its eviction budget (evicted tokens give their pages back through
 reclaim); Naive-Evict its budget only when the policy's victims empty whole pages (streaming), else its full length
@@ -46,15 +50,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from serve_bench import dash, decode_step_ms, finish, random_prompts  # noqa: E402
+from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
 
-from vtoken_sglang.serving import SglangServer, default_server_args  # noqa: E402
-from vtoken_sglang.tiny_model import build  # noqa: E402
+from vtoken_sglang.serving import SglangServer, default_server_args, started_together  # noqa: E402
 
 PAGE = 16
+# --quick's load per model: (--max-total-tokens, requests, input ids, output tokens, plain SGLang measured too). The
+# tiny model's decode step is a few ms; a real model's (SmolLM2: 30 layers) about 0.25 s on 2 cores, nearly the
+# same at 1 and 16 requests, so its load decodes half as many tokens (its prompts are longer: a batched prefill
+# costs a few decode steps) and plain SGLang, which runs what Naive-Evict runs under random victims, is left out.
+QUICK = {TINY: (4096, 16, 32, 480, True), "real": (4096, 16, 256, 256, False)}
 RUNNING = re.compile(r"#running-req: (\d+)")
 SCORE_POLICIES = ("h2o", "tova", "scissorhands", "snapkv")
 USAGE = re.compile(r"token usage: ([0-9.]+)")
+TOGETHER = 4  # servers started at once (memory: a real model's server holds a few GB)
 
 
 def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) -> dict:
@@ -84,7 +93,7 @@ def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) ->
     }
 
 
-def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, every: int = 1) -> dict:
+def mode_flags(args, mode: str, policy: str | None, ratio: float, every: int = 1) -> list[str]:
     flags = default_server_args(max_total_tokens=args.max_total_tokens) + ["--decode-log-interval", "1"]
     if mode != "plain":
         flags += [
@@ -100,12 +109,17 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
         ]
         if policy in SCORE_POLICIES and policy != "snapkv":
             flags += ["--vtoken-score-every", str(every)]
-    print(f"[serve_capacity] {mode} {policy or ''}: starting a server ...", file=sys.stderr, flush=True)
-    with SglangServer(model, flags) as server:
-        load = run_load(server, random_prompts(args.requests, args.input_len), args.output_len)
-        time.sleep(1)
-        info = server.get("/get_server_info")["internal_states"][0]
-        log = server.log_text()
+    return flags
+
+
+def measure(server: SglangServer, args, mode: str, policy: str | None, ratio: float, every: int = 1) -> dict:
+    """The load on ``server`` (started with ``mode_flags`` of the same arguments) and the run's figures."""
+    print(f"[serve_capacity] {mode} {policy or ''}: load ...", file=sys.stderr, flush=True)
+    start = len(server.log_text())  # the warm-up request and any chat before it are not the load's
+    load = run_load(server, random_prompts(args.requests, args.input_len), args.output_len)
+    time.sleep(1)
+    info = server.get("/get_server_info")["internal_states"][0]
+    log = server.log_text()[start:]
     running = [int(m) for m in RUNNING.findall(log)]
     usage = [float(m) for m in USAGE.findall(log)]
     steps = decode_step_ms(log)
@@ -130,6 +144,14 @@ def run_mode(model: str, mode: str, policy: str | None, ratio: float, args, ever
         "vtoken": info.get("vtoken"),
         "_ids": load["ids"],
     }
+
+
+def chat(server: SglangServer, question: str) -> None:
+    """Print ``server``'s greedy chat answer to ``question`` (OpenAI API), then flush it from the radix cache."""
+    body = {"model": "default", "messages": [{"role": "user", "content": question}], "max_tokens": 64}
+    answer = server.post("/v1/chat/completions", {**body, "temperature": 0})["choices"][0]["message"]["content"]
+    print(f"vToken server, chat: {question!r}\n  -> {answer.strip()!r}", flush=True)
+    server.get_text("/flush_cache")
 
 
 SHARED_MODES = (
@@ -244,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path)
+    add_model_path(ap, default="smollm2")
+    ap.add_argument("--chat", help="a question the first vToken server answers as a chat completion, printed")
     ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--shared-prefix: random)")
     ap.add_argument("--budget-ratio", type=float, default=None, help="default: 0.5 (--shared-prefix: 0.25)")
     ap.add_argument(
@@ -267,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)",
     )
     args = ap.parse_args(argv)
-    model = str(build())
+    model = model_path(args.model_path)
     t0 = time.monotonic()
     if args.shared_prefix:
         args.policies = args.policies or ["random"]
@@ -281,25 +305,32 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_shared_prefix(model, args)
         print_shared_prefix(runs, args)
         return finish(t0, runs, args.json)
-    args.policies = args.policies or ["random", "streaming"]
+    args.policies = args.policies or (["random"] if args.quick and args.model_path != TINY else ["random", "streaming"])
     args.budget_ratio = args.budget_ratio or 0.5
     args.input_len, args.max_total_tokens = args.input_len or 64, args.max_total_tokens or 8192
     if args.quick:
-        args.max_total_tokens, args.requests, args.input_len, args.output_len = 4096, 16, 32, 480
-    runs = [run_mode(model, "plain", None, 1.0, args)]
+        quick = QUICK[TINY if args.model_path == TINY else "real"]
+        args.max_total_tokens, args.requests, args.input_len, args.output_len, plain = quick
+    todo = [("plain", None, 1.0, 1)] if not args.quick or plain else []
     for policy in args.policies:
-        first = args.score_every[0]
-        naive = run_mode(model, "naive", policy, args.budget_ratio, args, first)
-        vtoken = run_mode(model, "vtoken", policy, args.budget_ratio, args, first)
-        naive["identical_to_naive"] = True
-        vtoken["identical_to_naive"] = vtoken["_ids"] == naive["_ids"]
-        runs += [naive, vtoken]
+        todo += [(mode, policy, args.budget_ratio, args.score_every[0]) for mode in ("naive", "vtoken")]
         if policy in SCORE_POLICIES and policy != "snapkv":  # the cost of scoring every k steps (other victims)
-            for k in args.score_every[1:]:
-                extra = run_mode(model, "vtoken", policy, args.budget_ratio, args, k)
-                extra["identical_to_naive"] = None
-                runs.append(extra)
-    runs[0]["identical_to_naive"] = None
+            todo += [("vtoken", policy, args.budget_ratio, k) for k in args.score_every[1:]]
+    runs = []
+    for at in range(0, len(todo), TOGETHER):
+        group = todo[at : at + TOGETHER]
+        servers = [SglangServer(model, mode_flags(args, *config)) for config in group]
+        print(f"[serve_capacity] starting {len(servers)} servers ...", file=sys.stderr, flush=True)
+        with started_together(*servers):
+            if args.chat and at == 0:
+                chat(next(s for s, c in zip(servers, group) if c[0] == "vtoken"), args.chat)
+            runs += [measure(server, args, *config) for server, config in zip(servers, group)]
+    for r in runs:  # each vToken run against the Naive-Evict run of its policy (the first k of a score policy)
+        naive = next((n for n in runs if n["mode"] == "naive" and n["policy"] == r["policy"]), None)
+        first = r["score_every"] in (None, args.score_every[0])
+        r["identical_to_naive"] = {"naive": True, "vtoken": r["_ids"] == naive["_ids"] if first else None}.get(
+            r["mode"]
+        )
     print(
         f"serve_capacity: {args.requests} requests x ({args.input_len} in, {args.output_len} out), "
         f"--max-total-tokens {args.max_total_tokens}, page {PAGE}, budget ratio {args.budget_ratio}"

@@ -1,9 +1,12 @@
 """Throughput under a latency SLA (the paper's Table): plain SGLang, Naive-Evict and vToken, swept over request rates
 with ``python -m sglang.bench_serving`` against real servers.
 
-    .venv/bin/python benchmark/sla_throughput.py [--quick] [--json PATH]
+    .venv/bin/python benchmark/sla_throughput.py [--model-path M] [--quick] [--json PATH]
 
-Each mode gets one server (CPU, tiny model, page 16, radix cache on, a ``--max-total-tokens`` small enough that KV
+The model: ``--model-path`` (default SmolLM2-135M-Instruct, the real checkpoint the project builds; ``tiny`` for the
+tiny random LLaMA); the pool and the output length default by model (``DEFAULTS``: a real model's step is about 100x
+the tiny one's, so its requests are shorter and its pool sized to the same pressure).
+Each mode gets one server (CPU, page 16, radix cache on, a ``--max-total-tokens`` small enough that KV
 memory limits concurrency); on it, one bench_serving run per request rate (Poisson arrivals, ``random-ids``
 prompts of exactly ``--input-len`` ids, exactly ``--output-len`` greedy tokens each, the same seed everywhere).
 From each run: output throughput (tok/s) and p95 end-to-end latency.
@@ -31,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from serve_bench import finish  # noqa: E402
+from serve_bench import TINY, add_model_path, finish, model_path  # noqa: E402
 
 from vtoken_sglang.bench_load import bench_serving_command, random_ids_load  # noqa: E402
 from vtoken_sglang.serving import (  # noqa: E402
@@ -39,10 +42,10 @@ from vtoken_sglang.serving import (  # noqa: E402
     cpu_env,
     default_server_args,
 )
-from vtoken_sglang.tiny_model import build  # noqa: E402
 
 SATURATION = 0.97  # a rate within 3% of Naive-Evict's best throughput is its saturation point
 SLA_SLACK = 1.05
+DEFAULTS = {TINY: {"max_total_tokens": 4096, "output_len": 480}, "real": {"max_total_tokens": 2048, "output_len": 224}}
 
 
 def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -> dict:
@@ -116,17 +119,20 @@ def sla_throughput(run: dict, latency: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--quick", action="store_true", help="random only, 4 rates, 16 requests per point (about 8 min here)"
+        "--quick", action="store_true", help="random only, 4 rates, 16 requests per point (tiny: about 8 min here)"
     )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--quick: random)")
     ap.add_argument("--rates", nargs="+", type=float, default=None, help="requests/s, ascending (inf: all at once)")
     ap.add_argument("--budget-ratio", type=float, default=0.5)
-    ap.add_argument("--max-total-tokens", type=int, default=4096)
+    ap.add_argument("--max-total-tokens", type=int, help="default: 2048 (tiny: 4096)")
     ap.add_argument("--requests", type=int, default=32, help="prompts per rate point")
     ap.add_argument("--input-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=480)
+    ap.add_argument("--output-len", type=int, help="default: 224 (tiny: 480)")
+    add_model_path(ap, default="smollm2")
     args = ap.parse_args(argv)
+    for name, value in DEFAULTS[TINY if args.model_path == TINY else "real"].items():
+        setattr(args, name, getattr(args, name) or value)
     if args.quick:
         args.policies = args.policies or ["random"]
         args.rates = args.rates or [1.0, 2.0, 4.0, float("inf")]
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args.rates = args.rates or [1.0, 2.0, 4.0, 8.0, float("inf")]
     from tqdm import tqdm
 
-    model = str(build())
+    model = model_path(args.model_path)
     t0 = time.monotonic()
     modes = [("plain", None)] + [(m, p) for p in args.policies for m in ("naive", "vtoken")]
     with tqdm(total=len(modes) * len(args.rates), desc="sla_throughput", unit="point", file=sys.stderr) as bar:
