@@ -4,8 +4,8 @@
 
 Inputs, under ``--results`` (default benchmark/results), each written by the command in benchmark/README.md:
     reclaim_sim.json                          reclaim_sim.py --json (memory scenario with page_live_hist, frontier)
-    sla_throughput_quick.json                 sla_throughput.py --quick --json
-    serve_capacity_shared_prefix_quick.json   serve_capacity.py --shared-prefix --quick --json
+    sla_throughput_quick.json                 sla_throughput.py --model-path tiny --quick --json
+    serve_capacity_shared_prefix_quick.json   serve_capacity.py --model-path tiny --shared-prefix --quick --json
     quality.json                              quality.py --json (every policy and ratio; --quick for a CI-sized one)
 Outputs, under ``--out`` (default: the results folder), one line printed per file written:
     page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
@@ -43,8 +43,8 @@ SHARED = "serve_capacity_shared_prefix_quick.json"
 QUALITY = "quality.json"
 PRODUCERS = {
     RECLAIM: "benchmark/reclaim_sim.py --json",
-    SLA: "benchmark/sla_throughput.py --quick --json",
-    SHARED: "benchmark/serve_capacity.py --shared-prefix --quick --json",
+    SLA: "benchmark/sla_throughput.py --model-path tiny --quick --json",
+    SHARED: "benchmark/serve_capacity.py --model-path tiny --shared-prefix --quick --json",
     QUALITY: "benchmark/quality.py --json",
 }
 LABEL = {

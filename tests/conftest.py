@@ -33,6 +33,14 @@ def tiny_model() -> str:
     return str(build())
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """SmolLM2-135M-Instruct, float32, built from its registry package's GGUF (``vtoken_sglang.pretrained``)."""
+    from vtoken_sglang.pretrained import build
+
+    return str(build("smollm2"))
+
+
 def run_all(
     commands: list[list[str]], timeout: float = 300, env: dict | None = None
 ) -> list[subprocess.CompletedProcess]:
