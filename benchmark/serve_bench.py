@@ -24,9 +24,10 @@ TINY = "tiny"
 """``--model-path`` name of the project's tiny random LLaMA (``vtoken_sglang.tiny_model``)."""
 
 
-def add_model_path(ap: argparse.ArgumentParser, default: str) -> None:
-    """``--model-path`` as SGLang names it: a checkpoint directory, or the name of one the project builds."""
-    names = ", ".join([*pretrained.CHECKPOINTS, TINY])
+def add_model_path(ap: argparse.ArgumentParser, default: str, extra: tuple[str, ...] = ()) -> None:
+    """``--model-path`` as SGLang names it: a checkpoint directory, or the name of one the project builds (``extra``:
+    names the benchmark resolves itself)."""
+    names = ", ".join([*pretrained.CHECKPOINTS, TINY, *extra])
     ap.add_argument(
         "--model-path",
         default=default,

@@ -67,3 +67,25 @@ def test_groups_release_disjoint_nodes_and_each_gains():
     assert [(g.pages_released, g.pages_copied) for g in plan.groups] == [(8, 2), (5, 2), (3, 1), (3, 1), (3, 1)]
     assert all(g.pages_released > g.pages_copied for g in plan.groups)
     assert plan.pages_released == 22 and plan.pages_copied == 7 and len(plan.decisions) == 6
+
+
+def test_a_group_too_large_for_the_room_copies_its_own_parts_first():
+    """Four holders share node 1 (a page); each owns a node of 24 pages with 12 pages live. Together: 48 pages of
+    copies for 97. With room for 20, each copies its own node alone (12 for 24), every copy growing the room by its
+    gain, and the shared page waits for a later check."""
+    nodes = {1: PrefixNode(4, 1), **{10 + k: PrefixNode(1, 24) for k in range(4)}}
+    holders = [Holder(k, (1, 10 + k), (12 * P + 1, 12 * P)) for k in range(4)]
+    whole = plan_cow(holders, nodes, P)
+    assert len(whole.groups) == 1 and whole.pages_copied == 52 and not whole.deferred
+    plan = plan_cow(holders, nodes, P, room=20)
+    assert [(d.key, d.cut, d.pages) for d in plan.decisions] == [(k, 1, 12) for k in range(4)] and plan.deferred
+    assert plan.pages_released == 96 and plan.pages_copied == 48
+    tight = plan_cow(holders, nodes, P, room=11)
+    assert tight.decisions == () and tight.deferred  # not even one member's part fits
+
+
+def test_each_group_taken_adds_its_gain_to_the_room():
+    nodes = {1: PrefixNode(1, 10), 2: PrefixNode(1, 10)}
+    holders = [Holder(1, (1,), (5 * P,)), Holder(2, (2,), (5 * P,))]
+    plan = plan_cow(holders, nodes, P, room=5)  # the first frees 10 for 5: room 10 for the second
+    assert [d.key for d in plan.decisions] == [1, 2] and not plan.deferred

@@ -14,7 +14,9 @@ Rule (everything is counted in pages; a decision is taken only when it strictly 
 - candidates sharing releasable nodes form a group; the group copies when the pages of its releasable nodes
   exceed the pages its members' copies need (so a prefix shared by several requests is released only when all
   its holders copy, and only if that pays);
-- otherwise each member alone may still copy the part of its path that nobody else holds, if that pays.
+- otherwise each member alone may still copy the part of its path that nobody else holds, if that pays;
+- under a bound on the pages copies may take now (``room``), a group that does not fit is split the same way, and
+  its shared part waits for a later check.
 
 ``allow_copies=False`` (Naive-Evict: no relocation) accepts only decisions that copy nothing: nodes whose tokens
 are dead for every holder are released.
@@ -65,6 +67,7 @@ class CowGroup:
 @dataclasses.dataclass(frozen=True)
 class CowPlan:
     groups: tuple[CowGroup, ...]
+    deferred: bool = False  # a gainful release was left for a later check: its copies did not fit the room
 
     @property
     def decisions(self) -> tuple[CowDecision, ...]:
@@ -95,10 +98,20 @@ def _suffix_start(path: Sequence[int], ok) -> int:
 
 
 def plan_cow(
-    holders: Sequence[Holder], nodes: dict[int, PrefixNode], page_size: int, allow_copies: bool = True
+    holders: Sequence[Holder],
+    nodes: dict[int, PrefixNode],
+    page_size: int,
+    allow_copies: bool = True,
+    room: int | None = None,
 ) -> CowPlan:
     """Decide which holders copy, and from which cut. Deterministic (the same input gives the same plan, so every
-    tensor-parallel rank agrees)."""
+    tensor-parallel rank agrees).
+
+    ``room``: pages the copies may take now (free, or held by nodes nobody locks), ``None`` for no bound. Groups
+    are taken in order while they fit; each one taken adds its gain to the room (the nodes it releases become
+    evictable). A group that pays but does not fit is split: its members copy the parts nobody else holds (those
+    that fit), and the shared part waits for a later check (``CowPlan.deferred``), when it costs only its own live
+    tokens."""
     holders_of: dict[int, list[int]] = {}
     for h in holders:
         for n in h.path:
@@ -125,6 +138,16 @@ def plan_cow(
             groups.setdefault(find(h.key), []).append(h.key)
 
     out: list[CowGroup] = []
+    left = float("inf") if room is None else room
+    deferred = False
+
+    def take(group: CowGroup) -> None:
+        nonlocal left, deferred
+        if group.pages_copied > left:
+            deferred = True
+            return
+        out.append(group)
+        left += group.pages_released - group.pages_copied
 
     def decide(key: int, cut: int) -> CowDecision:
         tokens = by_key[key].live_from[cut]  # cut < len(path): every caller has something to release
@@ -137,13 +160,15 @@ def plan_cow(
         freed = sum(nodes[n].pages for n in {n for k, c in cuts.items() for n in by_key[k].path[c:]})
         cost = sum(d.pages for d in group)
         if freed > cost and (allow_copies or all(d.tokens == 0 for d in group)):
-            out.append(CowGroup(tuple(group), freed, cost))
-            continue
+            if cost <= left:
+                take(CowGroup(tuple(group), freed, cost))
+                continue
+            deferred = True
         for k in members:  # alone: only the nodes nobody else holds
             cut = _suffix_start(by_key[k].path, lambda n: n in releasable and len(holders_of[n]) == 1)
             if cut == len(by_key[k].path):
                 continue
             d, freed = decide(k, cut), sum(nodes[n].pages for n in by_key[k].path[cut:])
             if freed > d.pages and (allow_copies or d.tokens == 0):
-                out.append(CowGroup((d,), freed, d.pages))
-    return CowPlan(tuple(out))
+                take(CowGroup((d,), freed, d.pages))
+    return CowPlan(tuple(out), deferred)

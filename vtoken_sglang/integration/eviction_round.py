@@ -8,8 +8,9 @@ prepared; the same point with and without SGLang's overlap scheduler), over the 
 2. scores: a scored step's attention goes into the policy's state (score policies);
 3. trim: requests over budget + slack become managed if they were not, and their victims are evicted (marked
    dead in the Token Table; pages left without a live token are freed at once: that alone is Naive-Evict);
-4. copy-on-write of tree-prefix pages, every ``COW_EVERY`` trimming rounds, and at the next one after a check that
-   left a copy for lack of free pages;
+4. copy-on-write of tree-prefix pages: in a round that made some request managed (its first eviction, of its
+   prompt's tokens: on a long-prompt, short-answer load the only round it may have), every ``COW_EVERY`` trimming
+   rounds, and at the next one after a check that left a copy for lack of free pages;
 5. ``planning.plan_now``: the inline planner plans and applies relocations (copy, then the rows are rewritten
    behind the copy engine's order; the sources are freed at the next round's step 1);
 6. the batch's and requests' lengths are written from the Token Table, the peaks sampled, the integrity check run
@@ -47,9 +48,11 @@ def run_round(rt, batch, lock_holders: list = (), ending: Callable[[], Set[int]]
         return
     rt.planning.begin_round()
     try:
+        managed = rt.rows.requests_managed
         trimmed = _trim(rt, batch, ending)
         if trimmed.size:
-            if rt.cow is not None and (rt.stats.rounds % COW_EVERY == 0 or rt.cow.retry):
+            first_eviction = rt.rows.requests_managed != managed
+            if rt.cow is not None and (first_eviction or rt.stats.rounds % COW_EVERY == 0 or rt.cow.retry):
                 # requests ending now are no candidates, but lock their paths until their results land
                 gone = ending()
                 staying = [r for r in batch.reqs if id(r) not in gone]

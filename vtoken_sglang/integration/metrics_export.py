@@ -47,7 +47,7 @@ DOC = {
     "cow_tokens_copied": "Live prefix tokens copied out of radix-tree pages.",
     "cow_pages_released": "Radix-tree pages left without any lock by copy-on-write (the tree may evict them).",
     "cow_room_pages": "Pages of unlocked radix-tree nodes evicted to make room for copy-on-write copies.",
-    "cow_deferred": "Copy-on-write groups left for a later check: their new pages were not free.",
+    "cow_deferred": "Copy-on-write releases left for a later check: their new pages were not free.",
 }
 
 

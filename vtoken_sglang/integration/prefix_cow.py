@@ -41,7 +41,7 @@ class PrefixCow:
         self.pages_released = 0  # pages of tree nodes left without a lock by a copy
         self.checks = 0
         self.room_pages = 0  # pages of unlocked tree nodes evicted to make room for copies
-        self.deferred = 0  # groups left for a later check: their pages were not free
+        self.deferred = 0  # checks that left a gainful release for later: its pages were not free
         self.retry = False  # the last check deferred a group: check again at the next trimming round
         self.seconds = 0.0
 
@@ -88,14 +88,18 @@ class PrefixCow:
             holders.append(Holder(row, tuple(p.node_id for p in path), tuple(cols[-1] - c for c in cols[:-1])))
             info[row] = (req, path, cols)
         self.checks += 1
-        return plan_cow(holders, nodes, self.page_size, self.allow_copies), info
+        # the room copies may take: free pages, and those of tree nodes no one locks (``_make_room`` evicts them)
+        room = self.pool.num_free(for_relocation=True) + self.tree.evictable_size() // self.page_size
+        return plan_cow(holders, nodes, self.page_size, self.allow_copies, room), info
 
     def step(self, reqs: list, others: list = ()) -> int:
         """Plan and carry out copy-on-write for the running requests ``reqs`` (``others``: any other request that
         may hold a tree lock, e.g. the one being chunked); returns the pages released. The plan's groups are carried
         out in order, each whole or not at all; a group whose pages are not free evicts unlocked tree nodes for them
-        (those the groups before it just released among them); a group that still does not fit is left for the next
-        check, which then comes at the next trimming round (``retry``)."""
+        (those the groups before it just released among them). The plan fits the room there is (free pages and
+        unlocked tree pages): a group too large for it is split into its members' own parts, and its shared part,
+        like a group that still does not fit, is left for the next check, which then comes at the next trimming
+        round (``retry``)."""
         self.table.settle()
         self.retry = False
         cands = self.candidates(reqs)
@@ -104,6 +108,9 @@ class PrefixCow:
         t0 = time.perf_counter()
         cand_ids = {id(r) for r in cands}
         plan, info = self.plan(cands, [r for r in list(reqs) + list(others) if r is not None and id(r) not in cand_ids])
+        if plan.deferred:
+            self.retry = True
+            self.deferred += 1
         taken: list[tuple[CowGroup, torch.Tensor]] = []  # groups whose pages are taken and whose copy is not issued
         released = 0
         for group in plan.groups:
