@@ -6,7 +6,8 @@ Inputs, under ``--results`` (default benchmark/results), each written by the com
     reclaim_sim.json                          reclaim_sim.py --json (memory scenario with page_live_hist, frontier)
     sla_throughput_quick.json                 sla_throughput.py --model-path tiny --quick --json
     serve_capacity_shared_prefix_quick.json   serve_capacity.py --model-path tiny --shared-prefix --quick --json
-    quality.json                              quality.py --json (every policy and ratio; --quick for a CI-sized one)
+    quality.json                              quality.py --model-path recall --json (every policy and ratio)
+    quality_smollm2_passkey_1k.json           quality.py --task passkey --context 1000 --prompts 12 --json
 Outputs, under ``--out`` (default: the results folder), one line printed per file written:
     page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
                              default), one panel per eviction ratio
@@ -18,6 +19,7 @@ Outputs, under ``--out`` (default: the results folder), one line printed per fil
                              copy-on-write
     quality_pages.png        recall accuracy against KV pages held per request, a curve per policy over its
                              budget ratios (vToken), Naive-Evict's points beside them, the full KV cache as a star
+    quality_pages_smollm2.png  the same for SmolLM2's pass keys
 ``--policy`` picks the policy of page_utilization.png (default random). Every number drawn comes from the JSON files.
 A missing input file stops the script with a one-line error (exit 1) before anything is written.
 """
@@ -41,11 +43,13 @@ RECLAIM = "reclaim_sim.json"
 SLA = "sla_throughput_quick.json"
 SHARED = "serve_capacity_shared_prefix_quick.json"
 QUALITY = "quality.json"
+QUALITY_REAL = "quality_smollm2_passkey_1k.json"
 PRODUCERS = {
     RECLAIM: "benchmark/reclaim_sim.py --json",
     SLA: "benchmark/sla_throughput.py --model-path tiny --quick --json",
     SHARED: "benchmark/serve_capacity.py --model-path tiny --shared-prefix --quick --json",
-    QUALITY: "benchmark/quality.py --json",
+    QUALITY: "benchmark/quality.py --model-path recall --json",
+    QUALITY_REAL: "benchmark/quality.py --task passkey --context 1000 --prompts 12 --json",
 }
 LABEL = {
     "plain": "plain SGLang",
@@ -308,7 +312,7 @@ def shared_prefix_pages(data: dict, out: Path) -> Path:
     return save(fig, out, "shared_prefix_pages.png")
 
 
-def quality_pages(data: dict, out: Path) -> Path:
+def quality_pages(data: dict, out: Path, name: str) -> Path:
     runs = data["runs"]
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
     per_request = lambda r: r["mean_held_pages"] / r["prompts"]  # noqa: E731
@@ -336,13 +340,14 @@ def quality_pages(data: dict, out: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     r = runs[0]
+    task, model = r.get("task", "recall"), r.get("model", "recall model")
     fig.suptitle(
-        f"Recall accuracy against KV pages held, real SGLang servers (CPU, recall model)\n{r['prompts']} prompts of "
-        f"{r['context']} tokens, page 16; labels: budget ratio; filled: vToken, hollow: Naive-Evict",
+        f"{task} accuracy against KV pages held, real SGLang servers (CPU, {model})\n{r['prompts']} prompts of "
+        f"about {r['context']} tokens, page 16; labels: budget ratio; filled: vToken, hollow: Naive-Evict",
         fontsize=9,
     )
     fig.tight_layout()
-    return save(fig, out, "quality_pages.png")
+    return save(fig, out, name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,14 +358,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or args.results
     try:
-        reclaim, sla, shared, quality = (load(args.results, name) for name in (RECLAIM, SLA, SHARED, QUALITY))
+        inputs = (RECLAIM, SLA, SHARED, QUALITY, QUALITY_REAL)
+        reclaim, sla, shared, quality, quality_real = (load(args.results, name) for name in inputs)
         out.mkdir(parents=True, exist_ok=True)
         page_utilization(reclaim, out, args.policy)
         retained_pages(reclaim, out)
         capacity_frontier(reclaim, out)
         throughput_latency(sla, out)
         shared_prefix_pages(shared, out)
-        quality_pages(quality, out)
+        quality_pages(quality, out, "quality_pages.png")
+        quality_pages(quality_real, out, "quality_pages_smollm2.png")
     except InputError as e:
         print(e, file=sys.stderr)
         return 1

@@ -10,8 +10,10 @@ some output (else a wrong mask would go unseen); Naive-Evict must give streaming
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from conftest import STRICT, on_servers
+from conftest import PY, STRICT, on_servers, run_all
 from masked_reference import load, masked_greedy
 
 from vtoken_sglang import serving
@@ -112,3 +114,28 @@ def test_real_model_naive_evict_gives_vtokens_tokens(real_runs):
     assert naive["events"] == vtoken["events"]
     assert naive["outputs"] == vtoken["outputs"]
     assert naive["vtoken"]["pages_reclaimed"] == naive["vtoken"]["tokens_moved"] == 0
+
+
+def test_quality_quick_mode_on_the_real_model(tmp_path):
+    """``quality.py --quick``: SmolLM2 finds every pass key with the full KV cache (policy none) in real SGLang;
+    h2o at ratio 0.5 keeps them where random loses them; on a pool too small for Naive-Evict to run every request at
+    once, both give the same tokens with reclaim off (Naive-Evict) and on (vToken: every request at once, none
+    retracted, the prompts' tree pages copied out and released, room made by evicting tree pages released before)
+    for every request Naive-Evict did not retract; the benchmark writes its table and JSON."""
+    out = tmp_path / "quality.json"
+    (run,) = run_all([[PY, "benchmark/quality.py", "--quick", "--json", str(out)]], timeout=1500)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert "accuracy" in run.stdout and "cow_rel" in run.stdout
+    runs = {(r["policy"], r["budget_ratio"], r["mode"]): r for r in json.loads(out.read_text())["runs"]}
+    full = runs["none", 1.0, "vtoken"]
+    assert full["accuracy"] >= 0.95 and full["tokens_evicted"] == 0 and full["task"] == "passkey", full
+    assert runs["h2o", 0.5, "vtoken"]["accuracy"] > runs["random", 0.5, "vtoken"]["accuracy"]
+    for policy in ("random", "h2o"):
+        naive, vtoken = runs[policy, 0.5, "naive"], runs[policy, 0.5, "vtoken"]
+        prompts = vtoken["prompts"]
+        assert vtoken["identical_to_naive"] and naive["tokens_evicted"] > 0 and vtoken["tokens_evicted"] > 0, policy
+        assert vtoken["retracted"] == 0 and vtoken["compared"] == prompts - naive["retracted"] >= prompts // 2
+        assert vtoken["max_running_requests"] == prompts > naive["max_running_requests"], (naive, vtoken)
+        assert vtoken["cow_pages_released"] > 0 and vtoken["cow_room_pages"] > 0, vtoken
+        assert naive["cow_copies"] == naive["pages_reclaimed"] == 0, naive
+        assert vtoken["peak_held_pages"] < naive["peak_held_pages"], (naive, vtoken)

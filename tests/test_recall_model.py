@@ -1,14 +1,18 @@
 """The recall model (a small LLaMA trained here to find needles) and the quality benchmark on it: the task's
-layouts, and ``benchmark/quality.py --quick`` in real SGLang (the quick model trained, or reused, on the way)."""
+layouts, and how ``benchmark/quality.py --model-path recall`` judges its answers (the quick model trained, or reused,
+on the way)."""
 
 from __future__ import annotations
 
-import json
+import sys
+from pathlib import Path
 
 import pytest
-from conftest import PY, run_all
 
 from vtoken_sglang import recall_model as rm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+import quality  # noqa: E402
 
 
 def test_prompts_and_training_rows_hold_what_the_task_says():
@@ -34,26 +38,11 @@ def test_prompts_and_training_rows_hold_what_the_task_says():
         rm.RecallSpec(context=30)
 
 
-@pytest.mark.server
-def test_quality_quick_mode_in_real_sglang(tmp_path):
-    """The quick recall model answers >= 95% exactly with the full KV cache (policy none) in real SGLang; random
-    and h2o at ratio 0.5 evict on a pool too small for Naive-Evict to run every request at once, and give the same
-    tokens with reclaim off (Naive-Evict) and on (vToken: pages reclaimed, every request at once and none retracted,
-    the prompts' tree pages copied out after making room by evicting the tree pages released before) for every
-    request Naive-Evict did not retract (a retracted request is prefilled again whole and trimmed anew); the
-    benchmark writes its table and JSON."""
-    out = tmp_path / "quality.json"
-    (run,) = run_all([[PY, "benchmark/quality.py", "--quick", "--json", str(out)]], timeout=1500)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "accuracy" in run.stdout and "mean_pg" in run.stdout
-    runs = {(r["policy"], r["budget_ratio"], r["mode"]): r for r in json.loads(out.read_text())["runs"]}
-    full = runs["none", 1.0, "vtoken"]
-    assert full["accuracy"] >= 0.95 and full["tokens_evicted"] == 0, full
-    for policy in ("random", "h2o"):
-        naive, vtoken = runs[policy, 0.5, "naive"], runs[policy, 0.5, "vtoken"]
-        # Naive-Evict's evictions may differ in number: a retracted request is prefilled and trimmed again
-        assert vtoken["identical_to_naive"] and naive["tokens_evicted"] > 0 and vtoken["tokens_evicted"] > 0, policy
-        assert vtoken["retracted"] == 0 and vtoken["compared"] == 16 - naive["retracted"] >= 8, (naive, vtoken)
-        assert vtoken["pages_reclaimed"] > 0 and naive["pages_reclaimed"] == 0, policy
-        assert vtoken["max_running_requests"] == 16 >= naive["max_running_requests"], policy
-        assert vtoken["cow_copies"] > 0 and vtoken["cow_room_pages"] > 0 and naive["cow_copies"] == 0, vtoken
+def test_quality_benchmark_judges_recall_answers_by_their_tokens():
+    """``quality.py --model-path recall``: the prompts of the recall task, alternating layouts, each judged right
+    only by its answer's exact tokens (whatever follows them)."""
+    _, load = quality.recall_load(quick=True, count=4)
+    task = rm.RecallTask(rm.QUICK, rm.QUICK.seed + 3).prompts(4)
+    for i, (p, want) in enumerate(zip(load.prompts, task)):
+        assert p.ids == want.ids and p.question_first == (i % 2 == 0) and p.answer_tokens == len(want.answer)
+        assert p.judge([*want.answer, 7, 7]) and not p.judge([*want.answer[:-1], want.answer[-1] + 1])
