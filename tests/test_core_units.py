@@ -150,6 +150,8 @@ class TestPlanner:
             "a source of a row not named": dataclasses.replace(plan, rows=plan.rows[:1], n_dst=plan.n_dst[:1]),
             "too few destinations": dataclasses.replace(plan, n_dst=plan.n_dst - torch.tensor([1, 0])),
             "lengths differ": dataclasses.replace(plan, src_live=plan.src_live[:-1]),
+            # counts whose products and sum overflow int64 (a fuzzed worker message found them)
+            "huge destination counts": dataclasses.replace(plan, n_dst=torch.full((2,), (1 << 62) + (1 << 20))),
         }
         assert int(first.sum()) >= 2
         for name, p in bad.items():

@@ -141,9 +141,10 @@ class Reclaimer:
 
     def _malformed(self, plan: Plan) -> str | None:
         """What makes ``plan`` one that no planner makes, or None. Checked before anything is indexed by it: a
-        duplicate row or source page, a source of a row the plan does not name, or fewer destination slots than
-        a row's live tokens in its sources would make ``pack_moves`` write past a row's destinations, or free a
-        page whose live tokens were not moved. (Index bounds are the receiver's check: the worker client's.)"""
+        duplicate row or source page, a source of a row the plan does not name, a row given more destination
+        pages than the plan has source pages (no plan takes more than it frees; huge counts would overflow the
+        checks below), or fewer destination slots than a row's live tokens in its sources would make
+        ``pack_moves`` write past a row's destinations, or free a page whose live tokens were not moved. (Index bounds are the receiver's check: the worker client's.)"""
         src_row, P = plan.src_row, self.pool.page_size
         k, m = plan.rows.numel(), plan.src_pages.numel()
         if plan.n_dst.numel() != k or src_row.numel() != m or plan.src_live.numel() != m:
@@ -151,6 +152,8 @@ class Reclaimer:
         rows, order = torch.sort(plan.rows)
         if k and (int(plan.n_dst.min()) < 0 or bool((rows[1:] == rows[:-1]).any())):
             return "malformed: a negative destination count, or a row twice"
+        if k and int(plan.n_dst.max()) > m:
+            return "malformed: more destination pages than the plan's source pages"
         if m and torch.unique(plan.src_pages).numel() != m:
             return "malformed: a source page twice"
         at = torch.searchsorted(rows, src_row).clamp_(max=max(k - 1, 0))
