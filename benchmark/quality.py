@@ -90,14 +90,18 @@ class Load:
 
 
 def recall_load(quick: bool, count: int) -> tuple[str, Load]:
+    """The recall model (trained on first use, then cached) and ``count`` prompts of its task."""
     spec = recall_model.QUICK if quick else recall_model.RecallSpec()
-    model = str(recall_model.build(spec=spec))
+    return str(recall_model.build(spec=spec)), recall_prompts(spec, count)
+
+
+def recall_prompts(spec: recall_model.RecallSpec, count: int) -> Load:
     prompts = []
     for i, p in enumerate(recall_model.RecallTask(spec, spec.seed + 3).prompts(count)):
         answer = list(p.answer)
         prompts.append(Prompt(p.ids, len(answer), i % 2 == 0, lambda out, a=answer: out[: len(a)] == a))
     title = f"recall prompts of {spec.context} tokens ({spec.needles} needles of {spec.value_len} values)"
-    return model, Load(prompts, title, {"task": "recall", "context": spec.context, **dataclasses.asdict(spec)})
+    return Load(prompts, title, {"task": "recall", "context": spec.context, **dataclasses.asdict(spec)})
 
 
 def text_load(model: str, task: str, context: int, count: int, seed: int) -> Load:

@@ -1,6 +1,6 @@
 """The recall model (a small LLaMA trained here to find needles) and the quality benchmark on it: the task's
-layouts, and how ``benchmark/quality.py --model-path recall`` judges its answers (the quick model trained, or reused,
-on the way)."""
+layouts, and how ``benchmark/quality.py --model-path recall`` judges its answers (its prompts, without training the
+model)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_prompts_and_training_rows_hold_what_the_task_says():
 def test_quality_benchmark_judges_recall_answers_by_their_tokens():
     """``quality.py --model-path recall``: the prompts of the recall task, alternating layouts, each judged right
     only by its answer's exact tokens (whatever follows them)."""
-    _, load = quality.recall_load(quick=True, count=4)
+    load = quality.recall_prompts(rm.QUICK, 4)
     task = rm.RecallTask(rm.QUICK, rm.QUICK.seed + 3).prompts(4)
     for i, (p, want) in enumerate(zip(load.prompts, task)):
         assert p.ids == want.ids and p.question_first == (i % 2 == 0) and p.answer_tokens == len(want.answer)
