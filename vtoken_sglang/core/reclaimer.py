@@ -144,7 +144,8 @@ class Reclaimer:
         duplicate row or source page, a source of a row the plan does not name, a row given more destination
         pages than the plan has source pages (no plan takes more than it frees; huge counts would overflow the
         checks below), or fewer destination slots than a row's live tokens in its sources would make
-        ``pack_moves`` write past a row's destinations, or free a page whose live tokens were not moved. (Index bounds are the receiver's check: the worker client's.)"""
+        ``pack_moves`` write past a row's destinations, or free a page whose live tokens were not moved. (Index
+        bounds are the receiver's check: the worker client's.)"""
         src_row, P = plan.src_row, self.pool.page_size
         k, m = plan.rows.numel(), plan.src_pages.numel()
         if plan.n_dst.numel() != k or src_row.numel() != m or plan.src_live.numel() != m:
