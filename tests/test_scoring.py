@@ -1,8 +1,8 @@
 """Attention scores of the newest query over the live keys (vtoken_sglang.scoring): equal to the attention
 probabilities Hugging Face transformers reports (eager attention, ``output_attentions=True``), reduced over heads
-the same way, for the tiny model (random weights, GQA) and the quick recall model (trained: its attention picks out
-tokens, so a score landing one position off would show); a compacted (evicted) live row handled; collected in the
-real server, where the score-based policies run end to end."""
+the same way, for the tiny model (random weights, GQA) and SmolLM2-135M-Instruct (pretrained, 9 query / 3 KV
+heads: its attention picks out tokens, so a score landing one position off would show); a compacted (evicted) live
+row handled; collected in the real server, where the score-based policies run end to end."""
 
 import os
 import random
@@ -25,14 +25,15 @@ TURN = list(range(100, 177))  # the two-turn conversation's first prompt (77 tok
 PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)] + [[11, 12, 13, 14, 15]]
 
 
-@pytest.fixture(scope="module", params=["tiny", "recall"])
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
 def hf_run(request, tiny_model):
-    """One forward in transformers, of the tiny model on random ids or of the quick recall model on one of its
-    question-first prompts: per layer, HF's probabilities and the q/k it attended with."""
-    from transformers import AttentionInterface, AutoModelForCausalLM
+    """One forward in transformers, of the tiny model on random ids or of SmolLM2 on a pass-key prompt of ~200
+    tokens asking at the end: per layer, HF's probabilities and the q/k it attended with; and where the pass key's
+    digits stand in the prompt (SmolLM2; None for the tiny model)."""
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from vtoken_sglang import recall_model
+    from vtoken_sglang import text_tasks
 
     captured = []
 
@@ -44,15 +45,20 @@ def hf_run(request, tiny_model):
         return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("vtoken_capture", capture)
+    key = None
     if request.param == "tiny":
         path, ids = tiny_model, torch.randint(10, 2000, (1, 77), generator=torch.Generator().manual_seed(0))
     else:
-        path = recall_model.build(spec=recall_model.QUICK)
-        ids = torch.tensor([recall_model.RecallTask(recall_model.QUICK, 5).prompts(1)[0].ids])
+        path = request.getfixturevalue("smollm2")
+        tok = AutoTokenizer.from_pretrained(path)
+        prompt = text_tasks.passkey_prompt(tok, 200, random.Random(1), question_first=False)
+        digits, ids = tok.encode(prompt.answer, add_special_tokens=False), prompt.ids
+        at = next(i for i in range(len(ids)) if ids[i : i + len(digits)] == digits)
+        key, ids = slice(at, at + len(digits)), torch.tensor([ids])
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="vtoken_capture")
     with torch.no_grad():
         out = model(ids, output_attentions=True)
-    return model.config, captured, [a[0] for a in out.attentions]  # per layer [Hq, T (queries), T (keys)]
+    return model.config, captured, [a[0] for a in out.attentions], key  # per layer [Hq, T (queries), T (keys)]
 
 
 def _as_pool(key: torch.Tensor, seed: int):
@@ -65,24 +71,25 @@ def _as_pool(key: torch.Tensor, seed: int):
 
 
 def test_scores_equal_hf_attention_probabilities(hf_run):
-    cfg, captured, probs = hf_run
+    cfg, captured, probs, key = hf_run
     scale = cfg.head_dim**-0.5
-    recall = cfg.tie_word_embeddings  # the recall model (tied); the tiny model is GQA
-    assert recall or cfg.num_attention_heads != cfg.num_key_value_heads
+    assert cfg.num_attention_heads != cfg.num_key_value_heads  # GQA: query heads summed onto their KV head's keys
+    on_key = []
     for layer, ((q, k), p) in enumerate(zip(captured, probs)):
         p = p[:, -1, :]  # the newest query
         pool, slots = _as_pool(k, seed=layer)
         got = decode_scores_headsum(q[0, :, -1, :][None], pool, slots[None], torch.tensor([k.shape[2]]), scale)
         torch.testing.assert_close(got[0], p.sum(0), rtol=1e-4, atol=1e-6)
         assert got[0].sum().item() == pytest.approx(cfg.num_attention_heads, rel=1e-5)
-    if recall:  # the last query ([Q] of a question-first prompt) attends to the question (key, [A] at 2, 3)
-        assert float(got[0][2]) > 1.0 and float(got[0][2:4].sum()) > 0.9 * cfg.num_attention_heads, got[0][:6]
+        on_key.append(float(got[0][key].sum()) / cfg.num_attention_heads if key else 0.0)
+    if key:  # the last query (`The pass key is`) puts over a tenth of its attention on the key's 5 digits of ~200
+        assert max(on_key) > 0.1, on_key
 
 
 def test_live_row_subset_and_batch(hf_run):
     """A compacted row (only some tokens live, in logical order) renormalizes over the live set; rows of a batch
     with different lengths are independent."""
-    cfg, captured, _ = hf_run
+    cfg, captured, *_ = hf_run
     scale = cfg.head_dim**-0.5
     q, k = captured[1]
     T = k.shape[2]
@@ -109,7 +116,7 @@ def test_snapkv_window_scores_equal_hf(hf_run):
     over them, mean over heads and layers; the second request has a cached prefix (its positions start there)."""
     from vtoken_sglang.scoring import ScoreCollector
 
-    cfg, captured, probs = hf_run
+    cfg, captured, probs, _ = hf_run
     T, w, prefix = captured[0][1].shape[2], 8, 30
     layers = len(captured)
     pools = [_as_pool(k, seed=7) for _, k in captured]  # one seed: a token has the same slot in every layer
