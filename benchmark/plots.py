@@ -8,6 +8,7 @@ Inputs, under ``--results`` (default benchmark/results), each written by the com
     serve_capacity_shared_prefix_quick.json   serve_capacity.py --model-path tiny --shared-prefix --quick --json
     quality.json                              quality.py --model-path recall --json (every policy and ratio)
     quality_smollm2_passkey_1k.json           quality.py --task passkey --context 1000 --prompts 12 --json
+    quality_smollm2_prose_1k.json             quality.py --task prose --prompts 12 --json
 Outputs, under ``--out`` (default: the results folder), one line printed per file written:
     page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
                              default), one panel per eviction ratio
@@ -20,6 +21,7 @@ Outputs, under ``--out`` (default: the results folder), one line printed per fil
     quality_pages.png        recall accuracy against KV pages held per request, a curve per policy over its
                              budget ratios (vToken), Naive-Evict's points beside them, the full KV cache as a star
     quality_pages_smollm2.png  the same for SmolLM2's pass keys
+    quality_pages_smollm2_prose.png  the same for SmolLM2's names copied out of prose
 ``--policy`` picks the policy of page_utilization.png (default random). Every number drawn comes from the JSON files.
 A missing input file stops the script with a one-line error (exit 1) before anything is written.
 """
@@ -44,12 +46,14 @@ SLA = "sla_throughput_quick.json"
 SHARED = "serve_capacity_shared_prefix_quick.json"
 QUALITY = "quality.json"
 QUALITY_REAL = "quality_smollm2_passkey_1k.json"
+QUALITY_PROSE = "quality_smollm2_prose_1k.json"
 PRODUCERS = {
     RECLAIM: "benchmark/reclaim_sim.py --json",
     SLA: "benchmark/sla_throughput.py --model-path tiny --quick --json",
     SHARED: "benchmark/serve_capacity.py --model-path tiny --shared-prefix --quick --json",
     QUALITY: "benchmark/quality.py --model-path recall --json",
     QUALITY_REAL: "benchmark/quality.py --task passkey --context 1000 --prompts 12 --json",
+    QUALITY_PROSE: "benchmark/quality.py --task prose --prompts 12 --json",
 }
 LABEL = {
     "plain": "plain SGLang",
@@ -314,7 +318,7 @@ def shared_prefix_pages(data: dict, out: Path) -> Path:
 
 def quality_pages(data: dict, out: Path, name: str) -> Path:
     runs = data["runs"]
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    fig, ax = plt.subplots(figsize=(8.4, 4.6))
     per_request = lambda r: r["mean_held_pages"] / r["prompts"]  # noqa: E731
     for k, policy in enumerate(p for p in ordered(r["policy"] for r in runs) if p != "none"):
         color = f"C{k}"
@@ -338,7 +342,7 @@ def quality_pages(data: dict, out: Path, name: str) -> Path:
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never on a point
     r = runs[0]
     task, model = r.get("task", "recall"), r.get("model", "recall model")
     fig.suptitle(
@@ -358,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or args.results
     try:
-        inputs = (RECLAIM, SLA, SHARED, QUALITY, QUALITY_REAL)
-        reclaim, sla, shared, quality, quality_real = (load(args.results, name) for name in inputs)
+        inputs = (RECLAIM, SLA, SHARED, QUALITY, QUALITY_REAL, QUALITY_PROSE)
+        reclaim, sla, shared, quality, quality_real, quality_prose = (load(args.results, name) for name in inputs)
         out.mkdir(parents=True, exist_ok=True)
         page_utilization(reclaim, out, args.policy)
         retained_pages(reclaim, out)
@@ -368,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         shared_prefix_pages(shared, out)
         quality_pages(quality, out, "quality_pages.png")
         quality_pages(quality_real, out, "quality_pages_smollm2.png")
+        quality_pages(quality_prose, out, "quality_pages_smollm2_prose.png")
     except InputError as e:
         print(e, file=sys.stderr)
         return 1

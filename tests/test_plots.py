@@ -27,6 +27,7 @@ INPUTS = (
     "serve_capacity_shared_prefix_quick.json",
     "quality.json",
     "quality_smollm2_passkey_1k.json",
+    "quality_smollm2_prose_1k.json",
 )
 FIGURES = (
     "page_utilization.png",
@@ -36,6 +37,7 @@ FIGURES = (
     "shared_prefix_pages.png",
     "quality_pages.png",
     "quality_pages_smollm2.png",
+    "quality_pages_smollm2_prose.png",
 )
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_BYTES = 10_000  # a figure with axes, bars and text; an empty canvas is a few KB
@@ -142,6 +144,9 @@ def server_results(folder: Path) -> None:
     for r in quality:
         r.update(prompts=12, context=1000, task="passkey", model="SmolLM2-135M-Instruct")
     (folder / INPUTS[4]).write_text(json.dumps({"runs": quality}))
+    for r in quality:
+        r.update(task="prose")
+    (folder / INPUTS[5]).write_text(json.dumps({"runs": quality}))
 
 
 @pytest.fixture(scope="module")
