@@ -2,9 +2,9 @@
 
     python3 benchmark/gpu_check.py [--device cuda|cpu] [--quick] [--json PATH]     (or benchmark/gpu_check.sh)
 
-Needs torch and triton only (no sglang, no pytest); imports ``vtoken_sglang.core`` and ``vtoken_sglang.scoring``
-and ``scoring_cost.py``, ``graph_queries.py`` beside it. Rows (``check  result  figure  unit/notes``), printed as
-each one finishes:
+Needs torch and triton only (no sglang, no pytest); imports ``vtoken_sglang.core``, ``vtoken_sglang.scoring``,
+``vtoken_sglang.tools.kv_engine`` (the test K/V engine) and ``scoring_cost.py``, ``graph_queries.py`` beside it.
+Rows (``check  result  figure  unit/notes``), printed as each one finishes:
 
 - correctness (``ok``/``FAIL``; any FAIL makes the exit status 1):
   ``copy_order``  the copy engine's copy runs after the writer of its sources and before a reader that called
@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # scoring_cost.py
 
 from vtoken_sglang.core.copy_engine import CopyEngine, make_copy_engine  # noqa: E402
-from vtoken_sglang.core.integrity import check_integrity, token_stamp  # noqa: E402
+from vtoken_sglang.tools.kv_engine import KVEngine  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -231,47 +231,19 @@ def poll_until(cond: Callable[[], bool], timeout_s: float) -> int:
     return n
 
 
-class StampedEngine:
-    """PagePool + TokenTable (host) + Reclaimer over device K/V buffers ``[slots, 3]`` holding
-    ``token_stamp`` bytes."""
-
-    def __init__(
-        self, device: str, rows: int, num_pages: int, page_size: int = 16, fence_delay: int = 0, fence_seed: int = 0
-    ):
-        from vtoken_sglang.core.pages import PagePool
-        from vtoken_sglang.core.reclaimer import Reclaimer
-        from vtoken_sglang.core.token_table import TokenTable
-
-        self.device = device
-        self.pool = PagePool(num_pages, page_size, reserve=8)
-        self.table = TokenTable(rows, 4096, self.pool)
-        self.kv = [torch.zeros((num_pages + 1) * page_size, 3, device=device) for _ in range(4)]
-        engine = make_copy_engine(self.kv, fence_delay=fence_delay, fence_seed=fence_seed)
-        self.reclaimer = Reclaimer(self.table, engine, theta=0.0, grace_steps=1)
-
-    def write(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
-        """Append ``counts[i]`` tokens to request ``rows[i]``, writing their stamps into every buffer."""
-        slots = self.table.alloc_slots(rows, counts)
-        req = torch.repeat_interleave(rows, counts)
-        k = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        values = token_stamp(req, self.table.logical_len[req] + k).to(self.device)
-        for buf in self.kv:
-            buf[slots.to(self.device)] = values
-        self.table.sync_new_tokens(rows, counts, slots)
-
-    def evict_random(self, frac: float, g: torch.Generator) -> None:
-        """Evict about ``frac`` of every active request's entries (never its newest) and free emptied pages."""
-        t = self.table
-        rows = torch.nonzero(t.active).flatten()
-        width = int(t.live_len[rows].max())
-        pick = (torch.rand(len(rows), width, generator=g) < frac) & (
-            torch.arange(width)[None, :] < t.live_len[rows][:, None] - 1
-        )
-        r, c = torch.nonzero(pick, as_tuple=True)
-        self.pool.free(t.evict(rows[r], c))
-
-    def check(self) -> None:
-        check_integrity(self.table, [b.cpu() for b in self.kv], token_stamp)  # .cpu() orders after published copies
+def stamped_engine(device: str, fence_delay: int = 0, fence_seed: int = 0) -> KVEngine:
+    """8 requests over 320 pages of 16 tokens (reserve 8) in device K/V buffers ``[slots, 3]`` holding
+    ``token_stamp`` bytes; host table; the reclaimer at theta 0, grace 1."""
+    return KVEngine(
+        num_pages=320,
+        page_size=16,
+        rows=8,
+        max_context=4096,
+        reserve=8,
+        device=device,
+        fence_delay=fence_delay,
+        fence_seed=fence_seed,
+    )
 
 
 def check_reclaim(s: Setup) -> Row:
@@ -279,7 +251,7 @@ def check_reclaim(s: Setup) -> Row:
     another starts midway. Integrity (bytes included) after every third step (reading the buffers back orders after
     the published copies; the steps between run without any sync, so fences may still be pending), and at the end."""
     g = torch.Generator().manual_seed(1)
-    eng = StampedEngine(s.device, rows=8, num_pages=320)
+    eng = stamped_engine(s.device)
     rows = torch.arange(8)
     eng.table.open_rows(rows)
     eng.write(rows, torch.randint(100, 300, (8,), generator=g))
@@ -289,7 +261,7 @@ def check_reclaim(s: Setup) -> Row:
         if step % 3 == 2:
             eng.check()
         if step == 5:
-            eng.pool.free(eng.table.close_row(3))
+            eng.close(3)
             eng.table.open_rows(torch.tensor([3]))
             eng.write(torch.tensor([3]), torch.tensor([50]))
         eng.write(rows, torch.full((8,), 16))
@@ -320,7 +292,7 @@ def check_late_release(s: Setup) -> Row:
 
     def run(late: bool, seed: int) -> tuple[list, int, int]:
         g = torch.Generator().manual_seed(3)
-        eng = StampedEngine(s.device, rows=8, num_pages=320, fence_delay=4 if late and not cuda else 0, fence_seed=seed)
+        eng = stamped_engine(s.device, fence_delay=4 if late and not cuda else 0, fence_seed=seed)
         rec, rows = eng.reclaimer, torch.arange(8)
         eng.table.open_rows(rows)
         eng.write(rows, torch.randint(100, 300, (8,), generator=g))

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vtoken_sglang.core.pages import PagePool  # noqa: E402
 from vtoken_sglang.core.token_table import TokenTable  # noqa: E402
-from vtoken_sglang.integration.request_rows import RequestRows  # noqa: E402
+from vtoken_sglang.integration.parts.request_rows import RequestRows  # noqa: E402
 from vtoken_sglang.integration.runtime import device_bytes  # noqa: E402
 from vtoken_sglang.policies import POLICIES, scoring  # noqa: E402
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers  # noqa: E402
@@ -113,8 +113,8 @@ def geometry_rows(gpu_gib: float, fraction: float) -> list[dict]:
 
 def measured_in_server() -> dict:
     """The tiny model's server (h2o: one state) reports its own figures."""
-    from vtoken_sglang.serving import SglangServer, default_server_args
-    from vtoken_sglang.tiny_model import build
+    from vtoken_sglang.tools.launcher import SglangServer, default_server_args
+    from vtoken_sglang.tools.tiny_model import build
 
     flags = default_server_args() + ["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "256"]
     with SglangServer(str(build()), flags) as s:

@@ -59,7 +59,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
 
-from vtoken_sglang.serving import SglangServer, default_server_args, started_together  # noqa: E402
+from vtoken_sglang.tools.launcher import SglangServer, default_server_args, started_together  # noqa: E402
 
 EVICT = ["--vtoken-policy", "random", "--vtoken-budget-ratio", "0.5", "--vtoken-recent", "16"]
 MODES: dict[str, list[str]] = {

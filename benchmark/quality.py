@@ -3,10 +3,10 @@
     .venv/bin/python benchmark/quality.py [--model-path smollm2] [--task passkey|prose] [--context N] [--quick]
         [--json PATH] [--policies P ...] [--ratios R ...] [--prompts N] [--max-total-tokens N]
 
-Tasks: on a pretrained checkpoint (by default SmolLM2-135M-Instruct, built by ``vtoken_sglang.pretrained``), the
-real-text tasks of ``vtoken_sglang.text_tasks``: ``passkey`` (a 5-digit key hidden at a random depth in filler
+Tasks: on a pretrained checkpoint (by default SmolLM2-135M-Instruct, built by ``vtoken_sglang.tools.pretrained``), the
+real-text tasks of ``vtoken_sglang.tools.text_tasks``: ``passkey`` (a 5-digit key hidden at a random depth in filler
 text) and ``prose`` (a person's name copied out of one paragraph of hand-written prose among others naming other
-people); ``--model-path recall``: the recall model trained here (``vtoken_sglang.recall_model``, needles of token
+people); ``--model-path recall``: the recall model trained here (``vtoken_sglang.tools.recall_model``, needles of token
 ids). Half the prompts ask their question first, half at the end.
 
 One server per (policy, budget ratio, mode): ``none`` (full KV cache) once, then each policy at each ratio as
@@ -57,8 +57,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from serve_bench import add_model_path, finish, model_path, write_runs_json  # noqa: E402
 from serve_capacity import PAGE  # noqa: E402
 
-from vtoken_sglang import recall_model, text_tasks  # noqa: E402
-from vtoken_sglang.serving import SglangServer, default_server_args, started_together  # noqa: E402
+from vtoken_sglang.tools import recall_model, text_tasks  # noqa: E402
+from vtoken_sglang.tools.launcher import SglangServer, default_server_args, started_together  # noqa: E402
 
 POLICIES = ("streaming", "random", "h2o", "tova", "scissorhands", "snapkv")
 RATIOS = (0.5, 0.25, 0.125)

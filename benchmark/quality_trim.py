@@ -30,7 +30,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))
 from masked_reference import load, masked_greedy  # noqa: E402
 from quality import RECENT, SINKS  # noqa: E402
 
-from vtoken_sglang import recall_model  # noqa: E402
+from vtoken_sglang.tools import recall_model  # noqa: E402
 
 WAYS = ("h2o", "h2o+prompt", "random", "oracle")
 

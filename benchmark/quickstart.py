@@ -19,13 +19,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vtoken_sglang.bench_load import bench_serving_command, random_ids_load  # noqa: E402
-from vtoken_sglang.serving import (  # noqa: E402
+from vtoken_sglang.tools.bench_load import bench_serving_command, random_ids_load  # noqa: E402
+from vtoken_sglang.tools.launcher import (  # noqa: E402
     SglangServer,
     cpu_env,
     default_server_args,
 )
-from vtoken_sglang.tiny_model import build  # noqa: E402
+from vtoken_sglang.tools.tiny_model import build  # noqa: E402
 
 
 def run_load(url: str, model: str, num_prompts: int, input_len: int, output_len: int, out: Path) -> dict:

@@ -41,12 +41,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vtoken_sglang.core.copy_engine import CpuCopyEngine  # noqa: E402
 from vtoken_sglang.core.pages import OutOfPages, PagePool  # noqa: E402
-from vtoken_sglang.core.reclaimer import Reclaimer  # noqa: E402
-from vtoken_sglang.core.token_table import TokenTable  # noqa: E402
 from vtoken_sglang.policies import PolicyConfig, make_policy  # noqa: E402
 from vtoken_sglang.policies.random import mix_hash  # noqa: E402
+from vtoken_sglang.tools.kv_engine import KVEngine  # noqa: E402
 
 PAGE = 16
 PAPER_BUDGETS = (5427, 11519)
@@ -84,28 +82,34 @@ class Sim:
 
     def __init__(self, s: Setting, policy: str, evict_ratio: float, mode: str, num_pages: int, rows: int):
         self.s, self.mode = s, mode
-        self.pool = PagePool(num_pages, PAGE, reserve=s.reserve if mode == "vtoken" else 0)
         self.policy = make_policy(
             policy,
             PolicyConfig(budget_ratio=1 - evict_ratio, sinks=s.sinks, recent=s.recent, slack=s.slack, seed=s.seed),
         )
-        self.table = TokenTable(rows, s.context + s.decode + 8, self.pool, state_names=self.policy.state_names)
-        kv = [torch.zeros((num_pages + 1) * PAGE, 2, dtype=torch.float16) for _ in range(2)]
         # relocation leaves the engine one step of allocations: a page per request (decode) and a prefill chunk
         keep = rows + s.chunk // PAGE + 1
         # and compacts regardless of theta once free pages fall to that level (the low watermark)
         # The simulated engine is synchronous (no forward in flight reads the old rows), so sources are freed
         # right after their copy (grace 0); SGLang's overlap scheduler needs grace 1 (see the integration).
-        self.reclaimer = Reclaimer(
-            self.table,
-            CpuCopyEngine(kv),
+        # K/V: one layer of small float16 buffers (copies really happen; no stamps are written).
+        eng = KVEngine(
+            num_pages,
+            PAGE,
+            rows,
+            s.context + s.decode + 8,
+            reserve=s.reserve if mode == "vtoken" else 0,
+            state_names=self.policy.state_names,
+            layers=1,
+            width=2,
+            dtype=torch.float16,
             theta=s.theta,
-            enabled=mode == "vtoken",
+            reclaim=mode == "vtoken",
             keep_free=keep,
             low_watermark=keep,
             grace_steps=0,
             max_rounds=s.rounds,
         )
+        self.pool, self.table, self.reclaimer = eng.pool, eng.table, eng.reclaimer
         self.f_samples: list[float] = []
         self.step_no = 0
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vtoken_sglang import pretrained, tiny_model  # noqa: E402
+from vtoken_sglang.tools import pretrained, tiny_model  # noqa: E402
 
 # SGLang's decode log line: #running-req and the gen throughput over the steps since the previous line
 DECODE_STEP = re.compile(r"#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
 
 
 TINY = "tiny"
-"""``--model-path`` name of the project's tiny random LLaMA (``vtoken_sglang.tiny_model``)."""
+"""``--model-path`` name of the project's tiny random LLaMA (``vtoken_sglang.tools.tiny_model``)."""
 
 
 def add_model_path(ap: argparse.ArgumentParser, default: str, extra: tuple[str, ...] = ()) -> None:

@@ -52,7 +52,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
 
-from vtoken_sglang.serving import SglangServer, default_server_args, started_together  # noqa: E402
+from vtoken_sglang.config import DECODE_SCORE_POLICIES  # noqa: E402
+from vtoken_sglang.tools.launcher import SglangServer, default_server_args, started_together  # noqa: E402
 
 PAGE = 16
 # --quick's load per model: (--max-total-tokens, requests, input ids, output tokens, plain SGLang measured too). The
@@ -61,7 +62,6 @@ PAGE = 16
 # costs a few decode steps) and plain SGLang, which runs what Naive-Evict runs under random victims, is left out.
 QUICK = {TINY: (4096, 16, 32, 480, True), "real": (4096, 16, 256, 256, False)}
 RUNNING = re.compile(r"#running-req: (\d+)")
-SCORE_POLICIES = ("h2o", "tova", "scissorhands", "snapkv")
 USAGE = re.compile(r"token usage: ([0-9.]+)")
 TOGETHER = 4  # servers started at once (memory: a real model's server holds a few GB)
 
@@ -107,7 +107,7 @@ def mode_flags(args, mode: str, policy: str | None, ratio: float, every: int = 1
             "--vtoken-reclaim",
             "on" if mode == "vtoken" else "off",
         ]
-        if policy in SCORE_POLICIES and policy != "snapkv":
+        if policy in DECODE_SCORE_POLICIES:  # scored at decode steps (not snapkv: once, at prefill)
             flags += ["--vtoken-score-every", str(every)]
     return flags
 
@@ -128,7 +128,7 @@ def measure(server: SglangServer, args, mode: str, policy: str | None, ratio: fl
         "mode": mode,
         "policy": policy or "none",
         "budget_ratio": ratio if mode != "plain" else 1.0,
-        "score_every": every if policy in SCORE_POLICIES and policy != "snapkv" else None,
+        "score_every": every if policy in DECODE_SCORE_POLICIES else None,
         "step_ms": round(steps[len(steps) // 2], 2) if steps else None,
         "score_ms": round(vt["scoring_ms"] / len(steps), 3) if "scoring_ms" in vt and steps else None,
         "max_total_tokens": args.max_total_tokens,
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [("plain", None, 1.0, 1)] if not args.quick or plain else []
     for policy in args.policies:
         todo += [(mode, policy, args.budget_ratio, args.score_every[0]) for mode in ("naive", "vtoken")]
-        if policy in SCORE_POLICIES and policy != "snapkv":  # the cost of scoring every k steps (other victims)
+        if policy in DECODE_SCORE_POLICIES:  # the cost of scoring every k steps (other victims)
             todo += [("vtoken", policy, args.budget_ratio, k) for k in args.score_every[1:]]
     runs = []
     for at in range(0, len(todo), TOGETHER):
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{v['retractions']}, throughput x{v['output_throughput'] / max(n['output_throughput'], 1e-9):.2f}{verdict}"
         )
     off = next((r for r in runs if r["mode"] == "vtoken" and r["policy"] == "random"), None)
-    for policy in [p for p in args.policies if p in SCORE_POLICIES and p != "snapkv"]:
+    for policy in [p for p in args.policies if p in DECODE_SCORE_POLICIES]:
         parts = [
             f"every {r['score_every']}: step {dash(r['step_ms'], '.2f')} ms (scoring {dash(r['score_ms'], '.3f')} ms)"
             for r in runs

@@ -36,8 +36,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from serve_bench import TINY, add_model_path, finish, model_path  # noqa: E402
 
-from vtoken_sglang.bench_load import bench_serving_command, random_ids_load  # noqa: E402
-from vtoken_sglang.serving import (  # noqa: E402
+from vtoken_sglang.tools.bench_load import bench_serving_command, random_ids_load  # noqa: E402
+from vtoken_sglang.tools.launcher import (  # noqa: E402
     SglangServer,
     cpu_env,
     default_server_args,

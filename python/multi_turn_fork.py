@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         results = run(args.url, args.topics, args.branches, args.max_tokens)
     else:
-        from vtoken_sglang.serving import SglangServer, default_server_args
-        from vtoken_sglang.tiny_model import build
+        from vtoken_sglang.tools.launcher import SglangServer, default_server_args
+        from vtoken_sglang.tools.tiny_model import build
 
         with SglangServer(str(build()), default_server_args() + ["--enable-vtoken"]) as server:
             results = run(server.url, args.topics, args.branches, args.max_tokens)

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     model = args.model_path
     if model is None:
-        from vtoken_sglang.tiny_model import build
+        from vtoken_sglang.tools.tiny_model import build
 
         model = str(build())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -5,7 +5,7 @@
 #   scripts/setup.sh          # CPU (default): the CI and development machines, no GPU
 #   scripts/setup.sh --gpu    # GPU: sglang 0.5.23 with its full CUDA dependency set (FlashInfer, sgl-kernel, ...)
 #
-# Both modes also build the real pretrained checkpoints (vtoken_sglang.pretrained) from registry packages.
+# Both modes also build the real pretrained checkpoints (vtoken_sglang.tools.pretrained) from registry packages.
 # CPU set-up, beyond pip (see cpu/README.md): sglang's own dependency list is CUDA-only, so sglang is installed
 # with --no-deps plus requirements/cpu.txt; cpu/sgl_kernel (a pure-torch stand-in for the CPU build of sgl_kernel)
 # is put on the venv's path and SGLANG_USE_CPU_ENGINE=1 is made the venv's default, both through one .pth file.
@@ -61,7 +61,7 @@ fi
 # The real checkpoints, dequantized from the GGUF files installed above (SmolLM2 ~35 s, Gemma-3 ~85 s, once; cached
 # under ~/.cache/vtoken-sglang by digest)
 for checkpoint in smollm2 gemma3; do
-  "$venv/bin/python" -m vtoken_sglang.pretrained "$checkpoint" >/dev/null
+  "$venv/bin/python" -m vtoken_sglang.tools.pretrained "$checkpoint" >/dev/null
 done
 
 "$venv/bin/python" -c 'import sglang, vtoken_sglang; print("setup: sglang", sglang.__version__, "vtoken-sglang", vtoken_sglang.__version__)'

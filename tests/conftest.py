@@ -1,5 +1,11 @@
 """Shared fixtures. Servers are real SGLang processes on CPU with the project's tiny model (module-scoped:
-one per configuration); nothing is downloaded."""
+one per configuration); nothing is downloaded.
+
+Two folders: ``unit/`` starts no process (pure Python and torch, in this process: ``pytest tests/unit``, the fast
+lane); ``server/`` starts processes (SGLang servers, ``sgl.Engine``, the real launcher, the compaction worker, scripts
+in a subprocess), and each of its tests is marked ``server`` here, so ``-m "not server"`` selects ``unit/``. Helpers
+shared by both (this file, ``core_helpers``, ``masked_reference``, ``model_dirs``, ``own_policy``) stay in ``tests/``,
+which is on ``sys.path`` (pyproject's ``pythonpath``)."""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vtoken_sglang import serving
+from vtoken_sglang.tools import launcher
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,20 +29,30 @@ os.environ.setdefault("VTOKEN_SGLANG_FENCE_DELAY", "4")
 INSTANT_FENCES = {"VTOKEN_SGLANG_FENCE_DELAY": "0"}
 # A test has read all it checks (outputs, states, logs) when it stops its servers: SIGKILL at once (SGLang's graceful
 # shutdown takes 5-6 s a server).
-serving.STOP_GRACE_S = 0.0
+launcher.STOP_GRACE_S = 0.0
+
+
+SERVER_DIR = Path(__file__).resolve().parent / "server"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under ``server/`` starts processes: mark it ``server`` (those already marked keep the one mark)."""
+    for item in items:
+        if SERVER_DIR in Path(item.path).resolve().parents and not item.get_closest_marker("server"):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from vtoken_sglang.tiny_model import build
+    from vtoken_sglang.tools.tiny_model import build
 
     return str(build())
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> str:
-    """SmolLM2-135M-Instruct, float32, built from its registry package's GGUF (``vtoken_sglang.pretrained``)."""
-    from vtoken_sglang.pretrained import build
+    """SmolLM2-135M-Instruct, float32, built from its registry package's GGUF (``vtoken_sglang.tools.pretrained``)."""
+    from vtoken_sglang.tools.pretrained import build
 
     return str(build("smollm2"))
 
@@ -45,7 +61,7 @@ def run_all(
     commands: list[list[str]], timeout: float = 300, env: dict | None = None
 ) -> list[subprocess.CompletedProcess]:
     """Run several commands at once (each SGLang import costs ~10 s of CPU) and return their results in order."""
-    from vtoken_sglang.serving import cpu_env
+    from vtoken_sglang.tools.launcher import cpu_env
 
     full_env = cpu_env(env)
     procs = [
@@ -68,7 +84,7 @@ def on_servers(servers: dict, fn) -> dict:
     name -> result.
     Start-ups overlap (part of a CPU server's start is not CPU-bound); loads do not (two CPU-bound loads on these
     two cores take longer together than one after the other)."""
-    from vtoken_sglang.serving import started_together
+    from vtoken_sglang.tools.launcher import started_together
 
     with started_together(*servers.values()):
         return {name: fn(name, s) for name, s in servers.items()}

@@ -1,5 +1,7 @@
-"""vToken's user-facing options, declared once as the fields of ``VTokenConfig``; the CLI flags (``--vtoken-*``),
-``sgl.Engine(vtoken_*=...)`` keywords and the policies' ``PolicyConfig`` are derived from them.
+"""vToken's user-facing options, declared once: the engine's as the fields of ``VTokenConfig``, each policy's own by
+its class (``policies.PolicyOption``, a ``VTokenConfig`` field ``vtoken_<name>`` made from it). The CLI flags
+(``--vtoken-*``), ``sgl.Engine(vtoken_*=...)`` keywords and the policies' ``PolicyConfig`` are derived from them; so
+are the policy names and which policies an option belongs to (from the policy classes: ``policies.BUILT_IN``).
 
 Engine-agnostic: no ``sglang`` import. ``VTokenConfig`` is frozen and always valid (``VTokenConfig.build`` is the
 only constructor that accepts user input); an invalid value or combination raises ``ConfigError`` whose message
@@ -22,11 +24,14 @@ from vtoken_sglang.option_values import (
     parse_layers,
     parse_on_off,
 )
+from vtoken_sglang.policies import EXTERNAL_POLICY, POLICY_OPTIONS, PolicyConfig, policy_class, scored
+from vtoken_sglang.policies import POLICIES as POLICY_CLASSES
+from vtoken_sglang.policies import scoring as scoring_of
 
-POLICIES = ("none", "streaming", "random", "h2o", "scissorhands", "tova", "snapkv")  # built in (and their classes')
-SCORE_POLICIES = ("h2o", "scissorhands", "tova", "snapkv")  # need attention scores collected by the engine
-DECODE_SCORE_POLICIES = ("h2o", "scissorhands", "tova")  # scored at decode steps (snapkv: once, at prefill)
-EXTERNAL_POLICY = "package.module:ClassName"  # how a policy of one's own is named (policies.policy_class)
+POLICIES = tuple(POLICY_CLASSES)  # built in, in registry order
+SCORE_POLICIES = scored("decode", "prefill")  # need attention scores collected by the engine
+DECODE_SCORE_POLICIES = scored("decode")  # scored at decode steps (the others: once, at prefill)
+_DRIVER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}  # sinks, recent, seed
 PLANNERS = ("worker", "inline")
 ENV_VAR = "VTOKEN_SGLANG_CONFIG"
 
@@ -38,13 +43,15 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One user-facing option, derived from its ``VTokenConfig`` field: name, default, CLI help, a parser from the
-    raw (str or typed) value, and the policies it belongs to."""
+    raw (str or typed) value, the policies it belongs to, and a further check of the parsed value (the reason it
+    is refused, '' if fine; ``PolicyOption.check``)."""
 
     name: str
     default: Any
     help: str
     parse: Callable[[Any], Any]
     policies: tuple[str, ...]
+    check: Callable[[Any], str] | None = None
 
     @property
     def flag(self) -> str:
@@ -63,18 +70,43 @@ def _parse_policy(value: Any) -> str:
     raise ValueError(f"expected one of {', '.join(POLICIES)}, or {EXTERNAL_POLICY}; got {value!r}")
 
 
-def option(default: Any, help: str, parse: Callable[[Any], Any], policies: tuple[str, ...] = POLICIES) -> Any:
+def option(
+    default: Any,
+    help: str,
+    parse: Callable[[Any], Any],
+    policies: tuple[str, ...] = POLICIES,
+    check: Callable[[Any], str] | None = None,
+) -> Any:
     """A ``VTokenConfig`` field that is a user-facing option: its default, CLI help (without the default, which is
-    appended), parser, and the policies it belongs to (set to anything but its default with another policy, it is
-    an error)."""
-    return dataclasses.field(default=default, metadata={"help": help, "parse": parse, "policies": policies})
+    appended), parser, the policies it belongs to (set to anything but its default with another policy, it is
+    an error), and its further check (``Option.check``)."""
+    return dataclasses.field(
+        default=default, metadata={"help": help, "parse": parse, "policies": policies, "check": check}
+    )
+
+
+def policy_field(name: str) -> str:
+    """The ``VTokenConfig`` field (and ``sgl.Engine`` keyword) of the policy option ``name``."""
+    return f"vtoken_{name}"
+
+
+# The policies' own options, as fields (``VTokenConfig`` inherits them): each belongs to the policies declaring it.
+_PolicyOptions = dataclasses.make_dataclass(
+    "_PolicyOptions",
+    [
+        (policy_field(name), Any, option(o.default, o.help, o.parse, owners, o.check))
+        for name, (o, owners) in POLICY_OPTIONS.items()
+    ],
+    frozen=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
-class VTokenConfig:
-    """Validated vToken settings; each field is one option (``OPTIONS`` is derived from these fields). Invariants:
-    ``budget`` and ``budget_ratio`` are not both set; with a policy other than ``none`` exactly one of them is set;
-    an absolute budget covers ``sinks + recent``; a policy-specific option keeps its default under other policies."""
+class VTokenConfig(_PolicyOptions):
+    """Validated vToken settings; each field is one option (``OPTIONS`` is derived from these fields, the policies'
+    own options, ``vtoken_<name>``, from their classes). Invariants: ``budget`` and ``budget_ratio`` are not both
+    set; with a policy other than ``none`` exactly one of them is set; an absolute budget covers ``sinks + recent``;
+    a policy-specific option keeps its default under other policies and passes its check."""
 
     enable_vtoken: bool = option(
         False, "Enable vToken: token-level KV eviction whose freed slots return to the page pool.", parse_bool
@@ -95,8 +127,10 @@ class VTokenConfig:
         "Fraction of each request's tokens kept, in (0, 1]. Exclusive with --vtoken-budget.",
         optional(parse_float(0.0, 1.0, lo_open=True)),
     )
-    vtoken_recent: int = option(64, "Most recent tokens always kept (recent window).", parse_int(0))
-    vtoken_sinks: int = option(4, "First tokens always kept (attention sinks).", parse_int(0))
+    vtoken_recent: int = option(
+        _DRIVER_DEFAULTS["recent"], "Most recent tokens always kept (recent window).", parse_int(0)
+    )
+    vtoken_sinks: int = option(_DRIVER_DEFAULTS["sinks"], "First tokens always kept (attention sinks).", parse_int(0))
     vtoken_reclaim: bool = option(
         True,
         "on: compact live tokens and free pages (vToken); off: Naive-Evict (same victims, no relocation).",
@@ -108,7 +142,9 @@ class VTokenConfig:
     vtoken_planner: str = option(
         "inline", "Where reclaim plans are made: worker (a ZMQ compaction process) or inline.", parse_choice(PLANNERS)
     )
-    vtoken_seed: int = option(0, "Seed of the random policy (identical on every TP rank).", parse_int(0))
+    vtoken_seed: int = option(
+        _DRIVER_DEFAULTS["seed"], "Seed of the random policy (identical on every TP rank).", parse_int(0)
+    )
     vtoken_score_layers: str = option(
         "all",
         "Layers whose attention feeds score-based policies: all, or indices like 0,-1.",
@@ -118,13 +154,6 @@ class VTokenConfig:
     vtoken_score_every: int = option(
         1, "Collect attention scores every k decode steps.", parse_int(1), DECODE_SCORE_POLICIES
     )
-    vtoken_history: int = option(
-        32, "History window, in scored steps, over which importance must persist.", parse_int(1), ("scissorhands",)
-    )
-    vtoken_window: int = option(
-        32, "Observation window: the last prompt queries whose attention ranks the prompt.", parse_int(1), ("snapkv",)
-    )
-    vtoken_pool: int = option(7, "Max-pooling width over neighbouring positions (odd).", parse_int(1), ("snapkv",))
     vtoken_cow: bool = option(
         True,
         "Copy-on-write of radix-tree prefix pages: a request copies its live prefix tokens to private pages and "
@@ -172,10 +201,11 @@ class VTokenConfig:
         for opt in OPTIONS:
             if getattr(self, opt.name) != opt.default and not takes <= set(opt.policies):
                 raise ConfigError(f"{display(opt.name)} needs {display('vtoken_policy')} {' or '.join(opt.policies)}")
-        if self.vtoken_pool % 2 == 0:
-            raise ConfigError(
-                f"{display('vtoken_pool')} {self.vtoken_pool}: the pooling width must be odd (centred on each position)"
-            )
+        for opt in OPTIONS:
+            value = getattr(self, opt.name)
+            reason = opt.check(value) if opt.check is not None else ""
+            if reason:
+                raise ConfigError(f"{display(opt.name)} {value}: {reason}")
         floor = self.vtoken_sinks + self.vtoken_recent
         if budget is not None and budget < floor:
             raise ConfigError(
@@ -189,24 +219,29 @@ class VTokenConfig:
         built-in one that is scored as it is (loading it: an error if it does not load)."""
         if self.vtoken_policy in POLICIES:
             return {self.vtoken_policy}
-        from vtoken_sglang.policies import policy_class, scoring
-
         try:
-            kind = scoring(policy_class(self.vtoken_policy))
+            kind = scoring_of(policy_class(self.vtoken_policy))
         except ValueError as err:
             raise ConfigError(f"{display('vtoken_policy')} {self.vtoken_policy}: {err}") from None
-        return {name for name in POLICIES if self._scoring_of(name) == kind}
-
-    @staticmethod
-    def _scoring_of(name: str) -> str:
-        from vtoken_sglang.policies import policy_class, scoring
-
-        return scoring(policy_class(name))
+        return set(scored(kind))
 
     @property
     def scoring(self) -> str:
         """When the policy needs attention scores collected: ``"decode"``, ``"prefill"``, or ``""`` (never)."""
-        return self._scoring_of(self.vtoken_policy)
+        return scoring_of(policy_class(self.vtoken_policy))
+
+    def policy_config(self, slack: int) -> PolicyConfig:
+        """What the policy reads of these options (every policy option, by name); ``slack``: see ``PolicyConfig``.
+        Needs a budget (a policy other than ``none``)."""
+        return PolicyConfig(
+            budget=self.vtoken_budget,
+            budget_ratio=self.vtoken_budget_ratio,
+            sinks=self.vtoken_sinks,
+            recent=self.vtoken_recent,
+            slack=slack,
+            seed=self.vtoken_seed,
+            options={name: getattr(self, policy_field(name)) for name in POLICY_OPTIONS},
+        )
 
     @property
     def enabled(self) -> bool:
@@ -239,15 +274,17 @@ def _describe(default: Any, parse: Callable[[Any], Any]) -> str:
     return "" if parse is parse_bool else f" Default: {default}."
 
 
-OPTIONS: tuple[Option, ...] = tuple(
+_POLICY_FIELDS = {policy_field(name) for name in POLICY_OPTIONS}
+OPTIONS: tuple[Option, ...] = tuple(  # the engine's options first, then the policies' (help and error order)
     Option(
         f.name,
         f.default,
         f.metadata["help"] + _describe(f.default, f.metadata["parse"]),
         f.metadata["parse"],
         f.metadata["policies"],
+        f.metadata["check"],
     )
-    for f in dataclasses.fields(VTokenConfig)
+    for f in sorted(dataclasses.fields(VTokenConfig), key=lambda f: f.name in _POLICY_FIELDS)
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 DEFAULTS = VTokenConfig()  # every option at its default (vToken off)

@@ -14,6 +14,8 @@ Contract (one interface, two implementations):
   The next forward is queued after the caller's stream, so ``order_before_next_forward`` orders it after the copy,
   and pages freed by eviction or by a plan are next written only after that forward: no grace period is needed.
 
+``copy_then_publish`` is that order as one call, for every relocation of live entries (reclaim, copy-on-write).
+
 ``CpuCopyEngine`` is synchronous: its copies are complete when ``copy`` returns. Its fences report so at once,
 or, with ``fence_delay`` N (a debug mode, ``VTOKEN_SGLANG_FENCE_DELAY``), only from a query drawn in ``0..N`` on,
 as a CUDA event may report late: the paths that run while a copy is still in flight then run on CPU too.
@@ -28,8 +30,13 @@ import dataclasses
 import random
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from vtoken_sglang.core.planner import Moves
+    from vtoken_sglang.core.token_table import TokenTable
 
 
 @dataclasses.dataclass
@@ -174,3 +181,15 @@ def make_copy_engine(
     engine = CudaCopyEngine(buffers) if buffers[0].is_cuda else CpuCopyEngine(buffers, fence_delay, fence_seed)
     engine.producer = producer
     return engine
+
+
+def copy_then_publish(engine: CopyEngine, table: TokenTable, moves: Moves) -> Ticket:
+    """Relocate live entries in the one safe order (I3): copy the K/V of ``moves.src`` to ``moves.dst`` (fresh
+    slots, disjoint from the sources) behind ``engine``, order the next forward after that copy, then publish: the
+    table's entries ``(moves.rows, moves.cols)`` now live at ``moves.dst``. The sources are left as they are;
+    freeing them is the caller's, never before a fence taken after this call has passed (the reclaimer's grace
+    period), or by whoever owns them after the forward ordered behind the copy (copy-on-write: the tree's pages)."""
+    ticket = engine.copy(moves.src, moves.dst)
+    engine.order_before_next_forward(ticket)
+    table.apply_moves(moves.rows, moves.cols, moves.dst)
+    return ticket

@@ -15,6 +15,9 @@ take it (headroom-aware admission), relocation can.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
 import torch
 
 FREE = -1
@@ -32,11 +35,16 @@ class OutOfPages(RuntimeError):
     """Not enough free pages for an allocation."""
 
 
-class PagePool:
-    """Free list + per-page live counts, owners and in-flight marks. Deterministic: the same call sequence gives
-    the same page ids (so every tensor-parallel rank agrees)."""
+class PageAccounting(ABC):
+    """The page pool's interface, as the core uses it: per page, live counts, owners and in-flight marks (state
+    held here, the same in every implementation), and a free list behind ``num_free`` / ``alloc`` / ``free`` /
+    ``free_ids`` that each implementation keeps its own way:
+    - ``PagePool``: the core's own free list; every page is tracked (owner ``FREE`` <=> on the free list);
+    - an engine's bridge (``integration.page_bridge.SglangPagePool``): the engine's allocator keeps the free list,
+      and only the pages of requests vToken manages are tracked here (``tracks_every_page`` False).
+    Page ids run ``1..num_pages``; a relocation may take pages from the reserve, ordinary allocation may not."""
 
-    tracks_every_page = True  # owner FREE <=> on the free list (an engine's bridge may track only its own pages)
+    tracks_every_page: ClassVar[bool]  # owner FREE <=> free (else: FREE also marks pages not tracked here)
 
     def __init__(self, num_pages: int, page_size: int, reserve: int = 0, device: str | torch.device = "cpu"):
         assert page_size >= 2, "vToken needs pages of at least 2 tokens"
@@ -49,40 +57,36 @@ class PagePool:
         self.owner = torch.full((num_pages + 1,), FREE, dtype=torch.int32, device=self.device)
         self.owner[0] = TREE  # the padding page is never handed out
         self.in_flight = torch.zeros(num_pages + 1, dtype=torch.bool, device=self.device)
-        self._free = torch.arange(1, num_pages + 1, dtype=torch.int64, device=self.device)
 
-    def metadata_bytes(self) -> int:
-        """Device bytes of the per-page arrays (live counts, owners, in-flight marks, the free list)."""
-        return sum(t.numel() * t.element_size() for t in (self.live, self.owner, self.in_flight, self._free))
+    # ------------------------------------------------------------------ the free list (per implementation)
 
-    # ------------------------------------------------------------------ free list
-
+    @abstractmethod
     def num_free(self, for_relocation: bool = False) -> int:
-        """Pages an allocation may take: relocation may dip into the reserve, ordinary allocation may not."""
-        return len(self._free) if for_relocation else max(0, len(self._free) - self.reserve)
+        """Pages an allocation may take now: relocation may dip into the reserve, ordinary allocation may not."""
 
+    @abstractmethod
     def alloc(self, n: int, owner: int | torch.Tensor, for_relocation: bool = False) -> torch.Tensor:
-        """Take ``n`` pages for request row ``owner`` (an int, ``TREE``, or one owner per page). Raises
-        ``OutOfPages`` if they are not there."""
-        if n > self.num_free(for_relocation):
-            raise OutOfPages(f"need {n} pages, {self.num_free(for_relocation)} available")
-        pages, self._free = self._free[:n], self._free[n:]
-        self.owner[pages] = owner.to(torch.int32) if isinstance(owner, torch.Tensor) else owner
-        return pages
+        """Take ``n`` pages (int64 ids) for request row ``owner`` (an int, ``TREE``, or one owner per page).
+        Raises ``OutOfPages`` if they are not there; takes nothing then."""
 
+    @abstractmethod
     def free(self, pages: torch.Tensor) -> None:
-        """Return pages to the free list. They must hold no live token and not be in flight."""
-        if pages.numel() == 0:
-            return
-        pages = pages.to(torch.int64)
-        assert bool((self.owner[pages] != FREE).all()), "double free"
-        assert bool((self.live[pages] == 0).all()), "freeing a page that still holds live tokens"
-        assert bool((~self.in_flight[pages]).all()), "freeing a page in flight"
-        self.owner[pages] = FREE
-        self._free = torch.cat([self._free, pages])
+        """Give back pages that hold no live token and are not in flight."""
 
+    @abstractmethod
     def free_ids(self) -> torch.Tensor:
-        return self._free
+        """The ids of every free page (the integrity check's view of the free list)."""
+
+    @abstractmethod
+    def used_pages(self) -> int:
+        """Pages tracked here as taken (owner other than ``FREE``, the padding page not counted)."""
+
+    @abstractmethod
+    def metadata_bytes(self) -> int:
+        """Device bytes of this pool's own arrays."""
+
+    def _state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.live, self.owner, self.in_flight))
 
     # ------------------------------------------------------------------ live counts
 
@@ -105,9 +109,6 @@ class PagePool:
 
     # ------------------------------------------------------------------ views
 
-    def used_pages(self) -> int:
-        return self.num_pages - len(self._free)
-
     def private_mask(self) -> torch.Tensor:
         return self.owner >= 0
 
@@ -122,3 +123,44 @@ class PagePool:
         ``private_occupancy()`` if the caller read them already."""
         n, live = occupancy if occupancy is not None else self.private_occupancy().tolist()
         return 1.0 - live / (n * self.page_size) if n else 0.0
+
+
+class PagePool(PageAccounting):
+    """The core's own free list over ``PageAccounting``. Deterministic: the same call sequence gives the same page
+    ids (so every tensor-parallel rank agrees)."""
+
+    tracks_every_page = True
+
+    def __init__(self, num_pages: int, page_size: int, reserve: int = 0, device: str | torch.device = "cpu"):
+        super().__init__(num_pages, page_size, reserve, device)
+        self._free = torch.arange(1, num_pages + 1, dtype=torch.int64, device=self.device)
+
+    def metadata_bytes(self) -> int:
+        """Device bytes of the per-page arrays (live counts, owners, in-flight marks, the free list)."""
+        return self._state_bytes() + self._free.numel() * self._free.element_size()
+
+    def num_free(self, for_relocation: bool = False) -> int:
+        return len(self._free) if for_relocation else max(0, len(self._free) - self.reserve)
+
+    def alloc(self, n: int, owner: int | torch.Tensor, for_relocation: bool = False) -> torch.Tensor:
+        if n > self.num_free(for_relocation):
+            raise OutOfPages(f"need {n} pages, {self.num_free(for_relocation)} available")
+        pages, self._free = self._free[:n], self._free[n:]
+        self.owner[pages] = owner.to(torch.int32) if isinstance(owner, torch.Tensor) else owner
+        return pages
+
+    def free(self, pages: torch.Tensor) -> None:
+        if pages.numel() == 0:
+            return
+        pages = pages.to(torch.int64)
+        assert bool((self.owner[pages] != FREE).all()), "double free"
+        assert bool((self.live[pages] == 0).all()), "freeing a page that still holds live tokens"
+        assert bool((~self.in_flight[pages]).all()), "freeing a page in flight"
+        self.owner[pages] = FREE
+        self._free = torch.cat([self._free, pages])
+
+    def free_ids(self) -> torch.Tensor:
+        return self._free
+
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)

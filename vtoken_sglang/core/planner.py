@@ -16,10 +16,13 @@ Everything is vectorized over pages and requests; cost grows with pages, not wit
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
 import torch
+
+from vtoken_sglang.core.segments import packed_slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,19 @@ class Plan:
         ("src_live", "int32"),
     )
     """The tensor fields and their dtypes, in wire order (``worker.protocol``)."""
+    PER_REQUEST: ClassVar[tuple[str, ...]] = ("rows", "n_dst")  # one entry per admitted request
+    PER_PAGE: ClassVar[tuple[str, ...]] = ("src_pages", "src_row", "src_live")  # one entry per source page
+
+    @classmethod
+    def lengths_agree(cls, lengths: Mapping[str, int]) -> bool:
+        """Whether arrays of these ``lengths`` (by field name) can make a plan: the per-request arrays all one
+        length, the per-page arrays all one length. The first check of a plan from elsewhere (the worker
+        protocol's on the wire, the reclaimer's before it indexes anything)."""
+        return all(len({lengths[name] for name in group}) == 1 for group in (cls.PER_REQUEST, cls.PER_PAGE))
+
+    def lengths(self) -> dict[str, int]:
+        """Each array field's length."""
+        return {name: getattr(self, name).numel() for name, _ in self.ARRAYS}
 
     def to(self, device: torch.device | str) -> Plan:
         return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name, _ in self.ARRAYS})
@@ -196,5 +212,5 @@ def pack_moves(
     dst_start = (torch.cumsum(plan.n_dst, 0) - plan.n_dst).to(dev)
     r_i, c = torch.nonzero(moving, as_tuple=True)
     j = idx[r_i, c]
-    dst = dst_pages.to(dev)[dst_start[r_i] + j // P] * P + j % P
+    dst = packed_slots(dst_pages.to(dev), dst_start[r_i], j, P)
     return Moves(rows=rows[r_i], cols=c, src=block[r_i, c], dst=dst)

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from vtoken_sglang.core.copy_engine import CopyEngine, Fence
-from vtoken_sglang.core.pages import PagePool
+from vtoken_sglang.core.copy_engine import CopyEngine, Fence, copy_then_publish
+from vtoken_sglang.core.pages import PageAccounting
 from vtoken_sglang.core.planner import Plan, Snapshot, pack_moves, plan_reclaim
 from vtoken_sglang.core.segments import repeat_rows
 from vtoken_sglang.core.token_table import TokenTable
@@ -68,7 +68,7 @@ class Reclaimer:
         after the first happen only when sources come back at once (``grace_steps == 0``, a synchronous engine),
         so the reserve refills between rounds."""
         self.table = table
-        self.pool: PagePool = table.pages
+        self.pool: PageAccounting = table.pages
         self.engine = engine
         self.theta = theta
         self.low_watermark = low_watermark
@@ -146,10 +146,10 @@ class Reclaimer:
         checks below), or fewer destination slots than a row's live tokens in its sources would make
         ``pack_moves`` write past a row's destinations, or free a page whose live tokens were not moved. (Index
         bounds are the receiver's check: the worker client's.)"""
+        if not Plan.lengths_agree(plan.lengths()):
+            return "malformed: array lengths differ"
         src_row, P = plan.src_row, self.pool.page_size
         k, m = plan.rows.numel(), plan.src_pages.numel()
-        if plan.n_dst.numel() != k or src_row.numel() != m or plan.src_live.numel() != m:
-            return "malformed: array lengths differ"
         rows, order = torch.sort(plan.rows)
         if k and (int(plan.n_dst.min()) < 0 or bool((rows[1:] == rows[:-1]).any())):
             return "malformed: a negative destination count, or a row twice"
@@ -189,10 +189,8 @@ class Reclaimer:
         pool.in_flight[dst_pages] = True
         moves = pack_moves(self.table.slots, self.table.live_len, plan, dst_pages, pool.page_size)
         assert moves.src.numel() == plan.tokens_moved, "plan and table disagree"
-        ticket = self.engine.copy(moves.src, moves.dst)
-        self.engine.order_before_next_forward(ticket)
-        self.table.apply_moves(moves.rows, moves.cols, moves.dst)
-        pool.in_flight[dst_pages] = False
+        ticket = copy_then_publish(self.engine, self.table, moves)
+        pool.in_flight[dst_pages] = False  # the sources stay in flight until their fence (release_ready)
         self._pending.append(_Pending(self.epoch + self.grace_steps, self.engine.fence(), plan.src_pages))
         st = self.stats
         st.plans_admitted += 1

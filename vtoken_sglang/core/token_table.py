@@ -1,5 +1,5 @@
 """The Token Table: per request, its live KV entries in logical order; per KV slot, the metadata of the token in
-it; per page, live counts (``PagePool``).
+it; per page, live counts (``PageAccounting``).
 
 Row ``r`` (one request) holds, in columns ``0 .. live_len[r]-1``, the physical KV slots of its live tokens::
 
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from vtoken_sglang import cpu_ops
-from vtoken_sglang.core.pages import TREE, PagePool, tail_room
+from vtoken_sglang.core.pages import TREE, PageAccounting, tail_room
 from vtoken_sglang.core.registration import Registration
 from vtoken_sglang.core.row_reads import RowReads
-from vtoken_sglang.core.segments import repeat_rows, segment_ranks
+from vtoken_sglang.core.segments import packed_slots, repeat_rows, segment_ranks
 
 
 class TokenTable(RowReads, Registration):
@@ -48,7 +48,7 @@ class TokenTable(RowReads, Registration):
         self,
         num_rows: int,
         max_context: int,
-        pages: PagePool,
+        pages: PageAccounting,
         slots: torch.Tensor | None = None,
         state_names: tuple[str, ...] = (),
         cpu_kernels: bool | None = None,
@@ -152,8 +152,8 @@ class TokenTable(RowReads, Registration):
         beyond = k - in_tail[req]
         spill = beyond >= 0
         if bool(spill.any()):
-            page_idx = (torch.cumsum(new_pages, 0) - new_pages)[req[spill]] + beyond[spill] // P
-            out[spill] = fresh[page_idx] * P + beyond[spill] % P
+            first = (torch.cumsum(new_pages, 0) - new_pages)[req[spill]]  # each request's first fresh page
+            out[spill] = packed_slots(fresh, first, beyond[spill], P)
         return out
 
     def append(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -167,7 +167,7 @@ class TokenTable(RowReads, Registration):
     def evict(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Evict the live entries at ``(rows[i], cols[i])`` (column indices into the current live rows; pairs
         unique). Compacts the affected rows stably, decrements page counts and returns the private pages that
-        became empty; the caller frees them (``PagePool.free``) at once, or after its engine's grace period.
+        became empty; the caller frees them (``PageAccounting.free``) at once, or after its engine's grace period.
         Metadata only: no KV moves."""
         self.settle()
         if rows.numel() == 0:

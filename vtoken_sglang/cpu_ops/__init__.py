@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from pathlib import Path
+
+from vtoken_sglang.debug_switches import SWITCHES
 
 logger = logging.getLogger("vtoken_sglang")
 
 SOURCES = [Path(__file__).with_name(name) for name in ("scores.cpp", "token_table.cpp")]
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno"]
-ENABLED = os.environ.get("VTOKEN_SGLANG_CPU_KERNEL", "1") != "0"
 
 
 def extension_name() -> str:
@@ -48,7 +48,7 @@ def load() -> bool:
     if "ready" in _state:
         return _state["ready"]
     _state["ready"] = False
-    if not ENABLED:
+    if not SWITCHES.cpu_kernel:
         logger.info("[vtoken] CPU kernels off (VTOKEN_SGLANG_CPU_KERNEL=0): scoring and the Token Table use torch ops")
         return False
     t0 = time.perf_counter()

@@ -4,9 +4,10 @@ import logging
 import sys
 
 from vtoken_sglang import cpu_ops
+from vtoken_sglang.debug_switches import SWITCHES
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-if not cpu_ops.ENABLED:
+if not SWITCHES.cpu_kernel:
     print("cpu_ops: off (VTOKEN_SGLANG_CPU_KERNEL=0)")
 elif not cpu_ops.load():
     print("cpu_ops: not built; scoring and the Token Table use torch ops on a CPU", file=sys.stderr)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from vtoken_sglang.config import ENV_VAR, OPTION_BY_NAME, ConfigError, VTokenConfig
-from vtoken_sglang.integration import manifest, options
+from vtoken_sglang.integration.startup import manifest, options
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -33,7 +33,7 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
 
 def _serving_hooks(cfg: VTokenConfig | None = None) -> dict[str, tuple[str, Callable]]:
     """The scheduler-side hooks for ``cfg`` (all of them when ``cfg`` is None)."""
-    from vtoken_sglang.integration.serving_hooks import HOOKS, SCORING_HOOKS
+    from vtoken_sglang.integration.hooks import HOOKS, SCORING_HOOKS
 
     if cfg is None or cfg.scoring:
         return {**HOOKS, **SCORING_HOOKS}
@@ -87,8 +87,8 @@ def _register(hooks: dict[str, tuple[str, Callable]]) -> None:
     their device-to-host reads counted (``host_reads``); option hooks are neither."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from vtoken_sglang.integration.hook_timer import TIMER
-    from vtoken_sglang.integration.host_reads import HOST_READS
+    from vtoken_sglang.integration.observe.hook_timer import TIMER
+    from vtoken_sglang.integration.observe.host_reads import HOST_READS
 
     for target, (kind, fn) in hooks.items():
         if target not in OPTION_HOOKS:

@@ -1,73 +1,81 @@
-"""``VTokenRuntime``: vToken inside one SGLang scheduler process, built once from the scheduler
-(``from_scheduler``): the core's Token Table over SGLang's ``req_to_token``, its page accounting over SGLang's
-allocator (``page_bridge``), the policy, the reclaimer and its planner, and the parts the hooks call:
+"""``VTokenRuntime``: vToken inside one SGLang scheduler process, and what it does after each decode step.
 
-- ``rows`` (``request_rows``): which requests are managed; their lengths and positions toward SGLang;
-- ``admission``: how much KV admission reserves under eviction budgets;
+Built once from the scheduler (``from_scheduler``), it owns one object per job:
+- ``table`` (``core.token_table``) over SGLang's ``req_to_token``; ``pool`` (``page_bridge``): page accounting over
+  SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
+- ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
 - ``scores`` (``score_link``): attention scores into the policy's state (score policies only);
 - ``cow`` (``prefix_cow``): copy-on-write of radix-tree prefix pages (radix cache and ``--vtoken-cow`` on);
-- ``planning``: inline planner or compaction worker (``planning``, ``worker_link``);
+- ``plans`` (``plan_source``): the inline planner, or the compaction worker's plans;
+- ``admission``: how much KV admission reserves under eviction budgets;
 - ``stats``, ``integrity``: counters and digests; the integrity check in the running server.
-The eviction round that ties them together after each decode step is ``eviction_round.run_round``.
+
+The round, ``after_decode(batch)``, runs at the start of ``Scheduler.get_next_batch_to_run`` (after forward N,
+before step N+1 is admitted and prepared; the same point with and without SGLang's overlap scheduler), over the
+batch that just decoded, one call per step in the order they happen:
+
+1. release what is due (``plans.begin_round``): relocation sources whose grace step has come are freed (after a
+   wait on their copy's fence); a compaction worker's plan that arrived is applied;
+2. fold scores (``scores.observe_decode``): a scored step's attention goes into the policy's state;
+3. evict: requests over budget + slack become managed if they were not, and their victims are evicted (dropped
+   from their rows in the Token Table; pages left without a live token are freed at once: that alone is
+   Naive-Evict);
+4. copy on write (``cow.step``) of tree-prefix pages: in a round that made some request managed (its first
+   eviction, of its prompt's tokens: on a long-prompt, short-answer load the only round it may have), every
+   ``COW_EVERY`` trimming rounds, and at the next one after a check that left a copy for lack of free pages;
+5. reclaim (``plans.plan_now``): the inline planner plans and applies relocations (copy, then the rows are rewritten
+   behind the copy engine's order; the sources are freed at a later round's step 1);
+6. write lengths (``rows.write_lengths``): the trimmed requests' lengths, in the batch and the requests, from the
+   Token Table (the others' are unchanged: a decode step adds one token to both their live and logical lengths);
+7. watch: the peaks sampled, the integrity check every N-th round (``DebugSwitches.check_integrity``); at the end of
+   every round, a snapshot for the worker at its cadence (``plans.end_step``) and the step's page accounting (free
+   pages, pending pages, plans applied) folded into ``digest_accounting``, compared across TP ranks.
+Steps 4-7 (but the last fold) run only in a round that evicted from some request. Requests whose queued result ends
+them by length (the overlap scheduler's, ``_ending``) are left alone: the results would have finished them.
+
+``current()`` is how hooks reach the runtime (one scheduler per process); ``current_scorer()`` the score collector,
+built before the model (the attention hook fills it while SGLang captures CUDA graphs) and before the runtime.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable, Iterable, Set
 
+import numpy as np
 import torch
 
 from vtoken_sglang.config import VTokenConfig
 from vtoken_sglang.core.copy_engine import make_copy_engine
 from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
-from vtoken_sglang.integration.admission import Admission
-from vtoken_sglang.integration.hook_timer import TIMER
-from vtoken_sglang.integration.host_reads import HOST_READS
-from vtoken_sglang.integration.integrity_watch import IntegrityWatch
-from vtoken_sglang.integration.page_bridge import SglangPagePool
-from vtoken_sglang.integration.planning import InlinePlanning, WorkerPlanning
-from vtoken_sglang.integration.prefix_cow import PrefixCow
-from vtoken_sglang.integration.request_rows import RequestRows
-from vtoken_sglang.integration.score_link import ScoreLink
-from vtoken_sglang.integration.stats import RuntimeStats
-from vtoken_sglang.integration.tp_group import TpGroup
-from vtoken_sglang.integration.worker_link import SNAPSHOT_EVERY, WorkerLink
-from vtoken_sglang.policies import PolicyConfig, make_policy
-from vtoken_sglang.scoring import ScoreCollector, cpu_kernel
+from vtoken_sglang.debug_switches import SWITCHES
+from vtoken_sglang.integration.observe import victim_log
+from vtoken_sglang.integration.observe.hook_timer import TIMER
+from vtoken_sglang.integration.observe.host_reads import HOST_READS, host_array
+from vtoken_sglang.integration.observe.integrity_watch import IntegrityWatch
+from vtoken_sglang.integration.observe.stats import RuntimeStats
+from vtoken_sglang.integration.parts.admission import Admission
+from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
+from vtoken_sglang.integration.parts.plan_source import SNAPSHOT_EVERY, InlinePlans, WorkerPlans
+from vtoken_sglang.integration.parts.prefix_cow import PrefixCow
+from vtoken_sglang.integration.parts.request_rows import RequestRows
+from vtoken_sglang.integration.parts.score_link import ScoreLink, make_scorer
+from vtoken_sglang.integration.parts.tp_group import TpGroup
+from vtoken_sglang.policies import make_policy
+from vtoken_sglang.scoring import ScoreCollector
 
-# Debug: the CPU copy engine's fences report done only after a number of queries drawn from 0..N, seeded per TP
-# rank, as CUDA events may (the copies themselves stay real and synchronous).
-FENCE_DELAY = int(os.environ.get("VTOKEN_SGLANG_FENCE_DELAY", "0"))
-FENCE_SEED = int(os.environ.get("VTOKEN_SGLANG_FENCE_SEED", "0"))
 # pages vToken holds back from SGLang's allocator for relocation destinations (reclaim on): with one free page a
 # plan can compact a row's sparse pages and free more, so reclaim under pressure can always start
 RELOCATION_RESERVE = 2
+COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
+_NONE = np.empty(0, dtype=np.int64)
 
 
 def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
     """Device memory vToken allocates beside SGLang's pools: the Token Table's per-slot and per-row metadata, the
     page pool's per-page arrays, the rows' position offsets. (The row store is SGLang's ``req_to_token``.)"""
     return table.metadata_bytes() + pool.metadata_bytes() + rows.device_bytes()
-
-
-def make_scorer(cfg: VTokenConfig, num_layers: int, device: str) -> ScoreCollector | None:
-    """The score collector of a score-based policy (None for the others). A scheduler builds it before SGLang
-    builds the model: the attention hook writes queries into it while SGLang captures its CUDA graphs. Decode
-    scoring on a CPU loads (or builds) the CPU kernels now, not at the first scored step."""
-    if not cfg.scoring:
-        return None
-    prefill = cfg.scoring == "prefill"
-    if not prefill and device == "cpu":
-        cpu_kernel.load()
-    return ScoreCollector(
-        num_layers,
-        cfg.vtoken_score_layers,
-        cfg.vtoken_score_every,
-        decode=not prefill,
-        prefill_window=cfg.vtoken_window if prefill else 0,
-    )
 
 
 def kv_pool_bytes(kv_pool) -> int:
@@ -82,7 +90,7 @@ class VTokenRuntime:
     def __init__(
         self,
         cfg: VTokenConfig,
-        req_to_token,
+        req_to_token: torch.Tensor,
         allocator,
         kv_pool,
         *,
@@ -92,7 +100,6 @@ class VTokenRuntime:
         prompt_in_tree: bool = True,
         pending_results: Callable[[], Iterable] = tuple,
         scorer: ScoreCollector | None = None,
-        score_dump: bool = False,
     ):
         """``tree``: SGLang's radix cache when it is on; ``producer``: the forward stream when it is not this
         thread's (overlap scheduler on CUDA: copies wait for the forward in flight); ``prompt_in_tree``: the radix
@@ -106,7 +113,7 @@ class VTokenRuntime:
         self.tp = tp = tp or TpGroup()
         self.pending_results = pending_results
         self.policy = (
-            make_policy(cfg.vtoken_policy, PolicyConfig.from_config(cfg, slack=max(self.page_size, 16)))
+            make_policy(cfg.vtoken_policy, cfg.policy_config(slack=max(self.page_size, 16)))
             if cfg.vtoken_policy != "none"
             else None
         )
@@ -122,7 +129,10 @@ class VTokenRuntime:
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(
-            list(kv_pool.k_buffer) + list(kv_pool.v_buffer), producer, FENCE_DELAY, hash((FENCE_SEED, tp.rank))
+            list(kv_pool.k_buffer) + list(kv_pool.v_buffer),
+            producer,
+            SWITCHES.fence_delay,
+            hash((SWITCHES.fence_seed, tp.rank)),
         )
         # Copies wait for the forward in flight (the producer stream) and the next forward waits for the copies.
         # Sources are freed one round later, after a wait on the copy's fence: by then the forward that followed
@@ -137,14 +147,10 @@ class VTokenRuntime:
             max_plan_lag=2 * SNAPSHOT_EVERY if worker else 0,
             enabled=cfg.vtoken_reclaim,
         )
-        self.planning = (
-            WorkerPlanning(
-                self.reclaimer,
-                self.stats.fold,
-                WorkerLink(self.reclaimer, rows, tp.rank, tp.broadcast if tp.size > 1 else None),
-            )
+        self.plans = (
+            WorkerPlans(self.reclaimer, self.stats.fold, rows, tp.rank, tp.broadcast if tp.size > 1 else None)
             if worker
-            else InlinePlanning(self.reclaimer, self.stats.fold)
+            else InlinePlans(self.reclaimer, self.stats.fold)
         )
         self.cow = None
         if tree is not None and cfg.vtoken_cow and self.policy is not None:
@@ -159,10 +165,135 @@ class VTokenRuntime:
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:
             scorer = scorer or make_scorer(cfg, len(kv_pool.k_buffer), self.table.slots.device.type)
-            self.scores = ScoreLink(scorer, self.policy, self.rows, kv_pool, tp, producer=producer, dump=score_dump)
+            self.scores = ScoreLink(
+                scorer, self.policy, self.rows, kv_pool, tp, producer=producer, dump=SWITCHES.score_dump is not None
+            )
         self.integrity = IntegrityWatch(self.reclaimer, self.rows, self.stats)
         self.exporter = None  # metrics_export.PrometheusExporter, created on the first report when metrics are on
         self.logged_rounds = 0  # stats.rounds at the last idle log line
+
+    # ------------------------------------------------------------------ the round after each decode step
+
+    def after_decode(self, batch, lock_holders: Iterable = ()) -> None:
+        """The eviction round over ``batch``, the decode step that just ran (the module docstring lists the
+        steps). ``lock_holders``: requests outside the batch that may hold a radix-tree lock (the one being
+        chunked)."""
+        self._close_step()
+        if self.policy is None:  # nothing is evicted: the round only counts the step
+            return
+        ending = functools.cache(lambda: self._ending(batch))  # asked only in a round that may evict
+        self.plans.begin_round()  # 1. release what is due
+        try:
+            self._fold_scores(batch, ending)  # 2.
+            managed = self.rows.requests_managed
+            trimmed = self._evict(batch, ending)  # 3.
+            if trimmed.size:
+                self._copy_on_write(batch, lock_holders, ending, self.rows.requests_managed != managed)  # 4.
+                self.plans.plan_now()  # 5. reclaim
+                self.rows.write_lengths(batch, trimmed)  # 6.
+                self._watch()  # 7.
+        finally:
+            self.plans.end_step()
+            self.stats.fold_step(
+                self.allocator.available_size() // self.page_size,
+                self.reclaimer.pending_pages(),
+                self.reclaimer.stats.plans_admitted,
+            )
+
+    def _close_step(self) -> None:
+        """The step since the last round is over: counted, and (debug) its host reads closed."""
+        if HOST_READS.enabled:
+            HOST_READS.end_step(self._activity())
+        self.stats.decode_steps += 1
+
+    def _fold_scores(self, batch, ending: Callable[[], Set[int]]) -> None:
+        """A scored step's attention into the policy's state, for the requests still running."""
+        if self.scores is None or not self.scores.scorer.active:
+            return
+        gone = ending()
+        running = np.fromiter(
+            (not r.finished() and id(r) not in gone for r in batch.reqs), dtype=bool, count=len(batch.reqs)
+        )
+        self.scores.observe_decode(
+            batch, batch.req_pool_indices.to(torch.int64), batch.seq_lens.to(torch.int64), running
+        )
+
+    def _evict(self, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
+        """The requests over budget + slack give up their victims. Returns their batch positions. Which are is
+        decided on the host (SGLang's host lengths, the rows' host offsets and due lengths), and only those are
+        looked at one by one: a round that evicts nothing reads nothing from the device and loops over no request;
+        in most rounds no row of the batch is due and nothing is even looked at (``RequestRows.skip_check``)."""
+        if self.rows.skip_check():
+            return _NONE
+        host_rows = host_array(batch.req_pool_indices_cpu)
+        at = self.rows.over_budget(host_rows, host_array(batch.seq_lens_cpu).astype(np.int64), self.policy)
+        if at.size:  # requests that ended (or end with the pending result) are left alone
+            gone = ending()
+            at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in gone for i in at.tolist()]]
+        if not at.size:
+            return at
+        over = [batch.reqs[i] for i in at.tolist()]
+        new = [r for r in over if not self.rows.is_managed(r.kv.req_pool_idx)]
+        if new:
+            self.rows.manage(new)
+        first = [r for r in over if not self.rows.host_compacted[r.kv.req_pool_idx]]
+        if first:
+            self.rows.mark_compacted(first)
+        table = self.table
+        rows = torch.from_numpy(host_rows[at]).to(table.slots.device)
+        vr, vc = self.policy.select_victims(table, rows)
+        if vr.numel():
+            logical = table.logical_at(vr, vc)
+            self.stats.fold("victims", table.row_key[vr], logical)
+            if SWITCHES.victim_log:
+                victim_log.record(over, rows, table.logical_len[rows], vr, logical)
+            self.pool.free(table.evict(vr, vc))
+            self.stats.tokens_evicted += int(vr.numel())
+        return at
+
+    def _copy_on_write(
+        self, batch, lock_holders: Iterable, ending: Callable[[], Set[int]], first_eviction: bool
+    ) -> None:
+        """Tree-prefix pages copied out for the managed requests that hold them, when a check is due."""
+        cow = self.cow
+        if cow is None or not (first_eviction or self.stats.rounds % COW_EVERY == 0 or cow.retry):
+            return
+        # requests ending now are no candidates, but lock their paths until their results land
+        gone = ending()
+        staying = [r for r in batch.reqs if id(r) not in gone]
+        going = [r for r in batch.reqs if id(r) in gone]
+        cow.step(staying, [*lock_holders, *going])
+
+    def _watch(self) -> None:
+        """A round that evicted: counted, the page peaks sampled, the integrity check at its cadence."""
+        self.stats.rounds += 1
+        self.sample_pages()
+        self.integrity.after_round()
+
+    def _ending(self, batch) -> frozenset:
+        """Ids of the requests of ``batch`` whose queued (overlap scheduler) result ends them by length."""
+        queued = self.pending_results()
+        if not queued:
+            return frozenset()
+        pending = {id(r) for b, _ in queued for r in b.reqs}
+        return frozenset(id(r) for r in batch.reqs if id(r) in pending and r.next_output_finishes_by_length())
+
+    def _activity(self) -> tuple:
+        """Counters that every kind of work between two rounds advances (``host_reads``: quiet vs busy steps)."""
+        r = self.reclaimer.stats
+        return (
+            self.stats.rounds,
+            self.stats.reclaim_on_pressure,
+            r.plans_admitted,
+            r.plans_rejected,
+            r.plans_stale,
+            r.pages_reclaimed,
+            self.plans.metrics().get("worker_snapshots_sent", 0),
+            self.rows.requests_managed,
+            self.rows.n_managed,
+        )
+
+    # ------------------------------------------------------------------ outside the round
 
     @property
     def device_bytes(self) -> int:
@@ -171,9 +302,7 @@ class VTokenRuntime:
         return device_bytes(self.table, self.pool, self.rows) + (queries.nbytes() if queries is not None else 0)
 
     @classmethod
-    def from_scheduler(
-        cls, scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None = None, score_dump: bool = False
-    ) -> VTokenRuntime:
+    def from_scheduler(cls, scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None = None) -> VTokenRuntime:
         """The runtime over a built SGLang scheduler's pools, tree, streams and TP group; raises ``SystemExit``
         with one line if they are not what vToken can serve (a paged allocator over one K/V pool)."""
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
@@ -200,7 +329,6 @@ class VTokenRuntime:
             prompt_in_tree=not scheduler.server_args.disable_radix_cache,
             pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
             scorer=scorer,
-            score_dump=score_dump,
         )
 
     def reclaim_under_pressure(self) -> int:
@@ -248,10 +376,36 @@ class VTokenRuntime:
             **self.stats.as_dict(with_tree=self.tree is not None),
             **(self.scores.metrics() if self.scores is not None else {}),
             **self.reclaimer.stats.as_dict(),
-            **self.planning.metrics(),
+            **self.plans.metrics(),
             **HOST_READS.metrics(),
             **(self.cow.metrics() if self.cow is not None else {}),
         }
 
 
-RUNTIME: VTokenRuntime | None = None  # this process's runtime (one scheduler per process), set by the init hook
+class _Process:
+    """What one scheduler process holds: its score collector (built before the model) and its runtime."""
+
+    scorer: ScoreCollector | None = None
+    runtime: VTokenRuntime | None = None
+
+
+_PROCESS = _Process()
+
+
+def current() -> VTokenRuntime | None:
+    """This process's runtime: None before its scheduler is built, and in processes that are not vToken
+    schedulers (hooks then take upstream's path). The one way hooks reach the runtime."""
+    return _PROCESS.runtime
+
+
+def current_scorer() -> ScoreCollector | None:
+    """This process's score collector (score policies), from before the model is built on."""
+    return _PROCESS.scorer
+
+
+def install(scorer: ScoreCollector | None = None, runtime: VTokenRuntime | None = None) -> None:
+    """Set what ``current_scorer`` and ``current`` return (the scheduler's init hook, in two steps)."""
+    if scorer is not None:
+        _PROCESS.scorer = scorer
+    if runtime is not None:
+        _PROCESS.runtime = runtime

@@ -1,15 +1,19 @@
 """The policy interface: given the Token Table's live rows (and, where needed, attention scores), return victims.
 
-A policy is a small class: it names the row-aligned state it needs (``state_names``), updates it from attention
-(``observe``) if it uses scores, and ranks live entries by ``keep_score`` (higher = keep). The shared driver
-``select_victims`` does the rest, vectorized over requests:
+A policy is a small class: it names the per-slot state it needs (``state_names``: one float per KV slot, read and
+written through the rows), updates it from attention (``observe``) if it uses scores, and ranks live entries by
+``keep_score`` (higher = keep). What it needs of the engine it declares: when it is scored (``needs_scores``,
+``scored_at``; ``scoring``) and its own options (``options``: ``config`` serves each as ``--vtoken-<name>``). The
+shared driver ``select_victims`` does the rest, vectorized over requests:
 
-- budget per request: ``budget`` tokens, or ``ceil(budget_ratio * logical_len)``, never below sinks + recent
-  (and at least sinks + 1: the newest token always stays);
+- budget per request: ``budget`` tokens, or ``ceil(budget_ratio * logical_len)``, never below
+  ``PolicyConfig.floor`` (sinks + recent, and at least sinks + 1: the newest token always stays);
 - batching: a request is trimmed only when ``live > budget + slack``, and then down to ``budget``;
 - protected entries: the first ``sinks`` logical tokens, the ``recent`` newest, and always the newest token (the
   engine writes the next token after it);
 - victims: the ``live - budget`` unprotected entries with the lowest keep score (ties: older first).
+
+Engine-agnostic and free of ``config`` (which derives its options from the policies, not the other way round).
 """
 
 from __future__ import annotations
@@ -17,44 +21,54 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-from vtoken_sglang.config import DEFAULTS, VTokenConfig
 from vtoken_sglang.core.token_table import TokenTable
 
 
 @dataclasses.dataclass(frozen=True)
+class PolicyOption:
+    """An option a policy declares: served as ``--vtoken-<name>`` (``vtoken_<name>=``), read by the policy as
+    ``self.cfg.options[name]``. ``parse``: raw value (CLI string or typed) to value, or ``ValueError`` with the
+    reason; ``check``: the reason a parsed value is refused once the option is known to apply ('' if it is fine)."""
+
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[Any], Any]
+    check: Callable[[Any], str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyConfig:
-    """What a policy reads of the options (defaults: ``config.DEFAULTS``), plus ``slack``: the tokens a request may
-    run over its budget before it is trimmed (batches evictions)."""
+    """What a policy reads of the options: the driver's (budget, sinks, recent, seed; their defaults are the
+    options' defaults), ``slack``: the tokens a request may run over its budget before it is trimmed (batches
+    evictions), and ``options``: policy options by name (``PolicyOption``; a policy's own left out take their
+    declared defaults when it is made)."""
 
     budget: int | None = None
     budget_ratio: float | None = None
-    sinks: int = DEFAULTS.vtoken_sinks
-    recent: int = DEFAULTS.vtoken_recent
+    sinks: int = 4
+    recent: int = 64
     slack: int = 16
-    seed: int = DEFAULTS.vtoken_seed
-    history: int = DEFAULTS.vtoken_history  # scissorhands: history window (observations)
-    window: int = DEFAULTS.vtoken_window  # snapkv: observation window (last prompt queries)
-    pool_kernel: int = DEFAULTS.vtoken_pool  # snapkv: max-pooling width over positions
+    seed: int = 0
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         assert (self.budget is None) != (self.budget_ratio is None), "exactly one of budget, budget_ratio"
 
-    @classmethod
-    def from_config(cls, cfg: VTokenConfig, slack: int) -> PolicyConfig:
-        return cls(
-            budget=cfg.vtoken_budget,
-            budget_ratio=cfg.vtoken_budget_ratio,
-            sinks=cfg.vtoken_sinks,
-            recent=cfg.vtoken_recent,
-            slack=slack,
-            seed=cfg.vtoken_seed,
-            history=cfg.vtoken_history,
-            window=cfg.vtoken_window,
-            pool_kernel=cfg.vtoken_pool,
-        )
+    @property
+    def floor(self) -> int:
+        """The fewest tokens a request is trimmed to: its sinks, its recent window, and at least its newest token."""
+        return self.sinks + max(self.recent, 1)
+
+    def with_defaults(self, declared: tuple[PolicyOption, ...]) -> PolicyConfig:
+        """This config, with the ``declared`` options it does not give at their defaults."""
+        missing = {o.name: o.default for o in declared if o.name not in self.options}
+        return dataclasses.replace(self, options={**self.options, **missing}) if missing else self
 
 
 @dataclasses.dataclass
@@ -86,23 +100,31 @@ def row_block(table: TokenTable, rows: torch.Tensor) -> RowBlock:
 SCORED_AT = ("decode", "prefill")
 
 
+def scoring(cls: type[Policy]) -> str:
+    """When the engine collects attention for ``cls``: ``"decode"``, ``"prefill"``, or ``""`` (never)."""
+    return cls.scored_at if cls.needs_scores else ""
+
+
 class Policy(abc.ABC):
     """Subclass it for a policy of your own (served with ``--vtoken-policy package.module:ClassName``): name the
-    per-token state you keep (``state_names``: float32, one value per live token, moved with it, 0 when the token
-    is written), fold attention into it in ``observe`` if ``needs_scores``, and rank in ``keep_score``."""
+    per-token state you keep (``state_names``: float32, one value per KV slot, shared by every request reading the
+    slot, moved with its token, 0 when the token gets its first reader), fold attention into it in ``observe`` if
+    ``needs_scores``, and rank in ``keep_score``."""
 
     name: str = ""
     needs_scores: bool = False
     # with needs_scores: what ``observe`` receives. "decode": every scored decode step, the newest query's
-    # attention over the live tokens; "prefill": once per prompt, the attention of its last ``cfg.window`` queries.
+    # attention over the live tokens; "prefill": once per prompt, the attention of its last ``--vtoken-window``
+    # queries.
     scored_at: str = "decode"
     state_names: tuple[str, ...] = ()
+    options: tuple[PolicyOption, ...] = ()  # its own options (served as --vtoken-<name>; see PolicyOption)
     # Victims empty whole pages in order (a contiguous window), so eviction alone frees memory: Naive-Evict may
     # count on it at admission. Scattered victims leave pages trapped until something relocates them.
     frees_whole_pages: bool = False
 
     def __init__(self, cfg: PolicyConfig):
-        self.cfg = cfg
+        self.cfg = cfg.with_defaults(self.options)
 
     @abc.abstractmethod
     def keep_score(self, block: RowBlock) -> torch.Tensor:
@@ -110,18 +132,18 @@ class Policy(abc.ABC):
 
     def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
         """Fold one step of attention ``attn[k, width]`` (aligned with the live columns of ``rows``) into the
-        row-aligned state. Score-free policies ignore it."""
+        state of the slots those columns hold (``table.add_row_state`` / ``set_row_state``). Score-free policies
+        ignore it."""
 
     def budget(self, logical_len: torch.Tensor) -> torch.Tensor:
         """Tokens each request keeps, from its logical length; never decreasing as the logical length grows (the
         eviction round skips requests that cannot be over budget yet on that)."""
         c = self.cfg
-        floor = c.sinks + max(c.recent, 1)
         if c.budget is not None:
             b = torch.full_like(logical_len, c.budget)
         else:
             b = torch.ceil(logical_len.to(torch.float64) * c.budget_ratio).to(torch.int64)
-        return torch.clamp(b, min=floor)
+        return torch.clamp(b, min=c.floor)
 
     def select_victims(
         self, table: TokenTable, rows: torch.Tensor, protect_cols: torch.Tensor | None = None

@@ -1,11 +1,15 @@
 """``snapkv``: at prefill, score prompt tokens by the attention of the last ``window`` prompt queries, max-pooled
-over ``pool_kernel`` neighbouring positions; keep the highest. Generated tokens are never evicted before prompt
-tokens."""
+over ``pool`` neighbouring positions; keep the highest. Generated tokens are never evicted before prompt tokens."""
 
 import torch
 
 from vtoken_sglang.core.token_table import TokenTable
-from vtoken_sglang.policies.base import Policy, RowBlock
+from vtoken_sglang.option_values import parse_int
+from vtoken_sglang.policies.base import Policy, PolicyOption, RowBlock
+
+
+def _odd(width: int) -> str:
+    return "" if width % 2 else "the pooling width must be odd (centred on each position)"
 
 
 class SnapKVPolicy(Policy):
@@ -13,12 +17,18 @@ class SnapKVPolicy(Policy):
     needs_scores = True
     scored_at = "prefill"
     state_names = ("snap",)
+    options = (  # the engine collects the window's queries (for any policy scored at prefill)
+        PolicyOption(
+            "window", 32, "Observation window: the last prompt queries whose attention ranks the prompt.", parse_int(1)
+        ),
+        PolicyOption("pool", 7, "Max-pooling width over neighbouring positions (odd).", parse_int(1), _odd),
+    )
 
     def observe(self, table: TokenTable, rows: torch.Tensor, attn: torch.Tensor, prefill: bool = False) -> None:
         """At prefill, ``attn`` is ``[k, width]`` = attention summed over the observation window's queries."""
         if not prefill:
             return
-        k = self.cfg.pool_kernel
+        k = self.cfg.options["pool"]
         pooled = torch.nn.functional.max_pool1d(attn[:, None, :].to(torch.float32), k, stride=1, padding=k // 2)[
             :, 0, : attn.shape[1]
         ]

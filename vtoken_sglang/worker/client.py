@@ -41,7 +41,7 @@ class WorkerStats:
     worker_up: int = 0  # 1 while a worker has said hello and is not known to be faulty
 
 
-class WorkerPlanner:
+class WorkerClient:
     def __init__(
         self,
         num_pages: int,

@@ -136,10 +136,7 @@ def decode(frames: list[bytes] | list[memoryview]) -> tuple[str, dict, dict[str,
         if len(arrays["owner"]) and (arrays["owner"].min() < TREE or arrays["owner"].max() >= header["num_rows"]):
             raise ProtocolError(f"snapshot: an owner is outside [{TREE}, num_rows)")
     else:
-        if (
-            len(arrays["rows"]) != len(arrays["n_dst"])
-            or len({len(arrays[k]) for k in ("src_pages", "src_row", "src_live")}) != 1
-        ):
+        if not Plan.lengths_agree({name: len(a) for name, a in arrays.items()}):
             raise ProtocolError("plan: per-request or per-page arrays differ in length")
     return kind, header, arrays
 

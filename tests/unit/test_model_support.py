@@ -1,0 +1,63 @@
+"""Which models vToken refuses before any weight loads (``integration.model_support``): by SGLang's own model
+config (M-RoPE, encoder-decoder), by each attention layer SGLang builds (a real ``RadixAttention``: a sliding window
+shorter than the context, cross-attention, chunked iRoPE), and by the KV layout (block-scaled dtypes, HND). The
+refusal through the real launcher, with one line, is in ``server/test_launcher_refusals``."""
+
+import argparse
+
+import pytest
+from model_dirs import TINY_GEOMETRY, config_only_model
+
+from vtoken_sglang.integration.startup import model_support
+
+
+def test_models_refused_by_their_config(tiny_model, tmp_path):
+    from sglang.srt.configs.model_config import ModelConfig
+    from transformers import Qwen2VLConfig, WhisperConfig
+
+    mrope = Qwen2VLConfig(**TINY_GEOMETRY, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    qwen_vl = config_only_model(tiny_model, tmp_path / "qwen2vl", mrope, "Qwen2VLForConditionalGeneration")
+    whisper_cfg = WhisperConfig(vocab_size=2048, d_model=64, encoder_layers=1, decoder_layers=1)
+    whisper = config_only_model(tiny_model, tmp_path / "whisper", whisper_cfg, "WhisperForConditionalGeneration")
+    assert model_support.unsupported_model(ModelConfig(qwen_vl)).startswith(
+        "model Qwen2VLForConditionalGeneration: M-RoPE (multimodal rotary positions) is not supported"
+    )
+    assert model_support.unsupported_model(ModelConfig(whisper)) == (
+        "model WhisperForConditionalGeneration: encoder-decoder models are not supported with vToken"
+    )
+    assert model_support.unsupported_model(ModelConfig(tiny_model)) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, refused",
+    [
+        ({"sliding_window_size": 63}, "attends in a sliding window of 63 tokens, shorter than the context (512)"),
+        ({"sliding_window_size": 512}, None),  # the window never excludes a token of this context
+        ({}, None),
+        ({"is_cross_attention": True}, "is a cross-attention layer"),
+        ({"use_irope": True}, "attends in chunks (iRoPE)"),
+    ],
+)
+def test_layers_refused_as_sglang_builds_them(monkeypatch, kwargs, refused):
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    monkeypatch.setitem(model_support.SERVING, "model", "Gemma2ForCausalLM")
+    monkeypatch.setitem(model_support.SERVING, "context_len", 512)
+    layer = RadixAttention(4, 16, 0.25, 2, layer_id=3, **kwargs)
+    reason = model_support.unsupported_layer(layer)
+    if refused is None:
+        assert reason is None
+    else:
+        assert reason.startswith("model Gemma2ForCausalLM: layer 3 ") and refused in reason, reason
+
+
+def test_kv_layouts_relocation_cannot_move(monkeypatch):
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    for dtype in model_support.BLOCK_SCALED_KV_DTYPES:
+        reason = model_support.unsupported_kv_layout(argparse.Namespace(kv_cache_dtype=dtype), flag)
+        assert reason.startswith(f"--kv-cache-dtype {dtype}: block-scaled KV caches"), reason
+    for dtype in ("auto", "fp8_e4m3", "bf16"):
+        assert model_support.unsupported_kv_layout(argparse.Namespace(kv_cache_dtype=dtype), flag) is None
+    monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")
+    reason = model_support.unsupported_kv_layout(argparse.Namespace(kv_cache_dtype="auto"), flag)
+    assert reason.startswith("SGLANG_USE_HND_KVCACHE=1: the HND KV layout is not supported"), reason

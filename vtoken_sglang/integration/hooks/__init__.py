@@ -1,0 +1,41 @@
+"""The serving hooks: registered only in scheduler processes of a server started with ``--enable-vtoken``, each
+named by the job it does and kept in a module by the part of SGLang it hooks (``scheduler``, ``allocation``,
+``forward``, ``admission``, ``reporting``). Every hook reaches the runtime through ``runtime.current()``; every
+target is listed, fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other).
+
+``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones
+registered only with a score-based policy (a Python call per attention layer per step is not free).
+"""
+
+from __future__ import annotations
+
+from vtoken_sglang.integration.hooks import admission, allocation, forward, reporting, scheduler
+
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+_REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+HOOKS = {
+    f"{_SCHED}.__init__": ("AROUND", scheduler.build_runtime),
+    "sglang.srt.layers.radix_attention.RadixAttention.__init__": ("AFTER", scheduler.refuse_unsupported_layer),
+    f"{_SCHED}.get_next_batch_to_run": ("BEFORE", scheduler.run_eviction_round),
+    f"{_SCHED}.process_batch_result": ("AFTER", scheduler.recheck_after_prefill),
+    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_decode": (
+        "AROUND",
+        allocation.alloc_decode_slots,
+    ),
+    f"{_BATCH}.new_tokens_required_next_decode": ("AROUND", allocation.count_decode_pages),
+    f"{_BATCH}.prepare_for_decode": ("AROUND", allocation.register_decode_slots),
+    "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", allocation.release_request),
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", forward.begin_forward),
+    f"{_ADDER}._get_running_request_total_token_offset": ("AROUND", admission.cap_running_reservation),
+    f"{_ADDER}._update_prefill_budget": ("AROUND", admission.cap_new_reservation),
+    f"{_ADDER}.add_one_req": ("AROUND", admission.admit_ignore_eos_by_budget),
+    f"{_BATCH}.check_decode_mem": ("AROUND", admission.reclaim_before_retract),
+    f"{_SCHED}.get_internal_state": ("AFTER", reporting.add_server_info),
+    f"{_SCHED}.on_idle": ("AROUND", reporting.settle_at_idle),
+    f"{_REPORTER}.report_decode_stats": ("AFTER", reporting.log_decode_metrics),
+}
+SCORING_HOOKS = {
+    "sglang.srt.layers.radix_attention.RadixAttention.forward": ("AFTER", forward.keep_scored_query),
+}

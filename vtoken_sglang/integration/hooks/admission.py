@@ -1,0 +1,57 @@
+"""Hooks on SGLang's admission and retraction: reservations capped by eviction budgets (``admission``), and
+reclaim before retracting."""
+
+from __future__ import annotations
+
+from vtoken_sglang.integration import runtime
+
+
+def cap_running_reservation(original, adder, req):
+    """AROUND ``PrefillAdder._get_running_request_total_token_offset``: a running request's future KV is capped
+    by its eviction budget."""
+    upstream = original(adder, req)
+    rt = runtime.current()
+    if rt is None or rt.policy is None:
+        return upstream
+    remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+    logical = len(req.origin_input_ids) + len(req.output_ids)
+    return min(
+        upstream, rt.admission.future_kv(req.kv.kv_committed_len, logical, remaining, req.kv.cache_protected_len)
+    )
+
+
+def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):
+    """AROUND ``PrefillAdder._update_prefill_budget``: a new request reserves for decode only what its eviction
+    budget lets it keep beyond the prompt."""
+    rt = runtime.current()
+    if rt is not None and rt.policy is not None and max_new_tokens > 0:
+        max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens)
+    return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
+
+
+def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
+    """AROUND ``PrefillAdder.add_one_req``: with the radix cache off, upstream admits an ``ignore_eos`` request
+    through ``add_one_req_ignore_eos``, whose check has every request grow by its whole remaining length and never
+    asks ``_get_running_request_total_token_offset``. Where eviction budgets do give memory back, such a request
+    takes upstream's general path instead, the one it takes with the radix cache on: running requests reserve
+    their capped future KV (``cap_running_reservation``), the new one its capped budget (``cap_new_reservation``).
+    ``ignore_eos`` is hidden for this call only: on the general path upstream reads the flag of running requests
+    (their offsets), never that of the request being admitted."""
+    sp = req.sampling_params
+    rt = runtime.current()
+    if rt is None or not sp.ignore_eos or not rt.admission.capped:
+        return original(adder, req, *args, **kwargs)
+    sp.ignore_eos = False
+    try:
+        return original(adder, req, *args, **kwargs)
+    finally:
+        sp.ignore_eos = True
+
+
+def reclaim_before_retract(original, batch, *args, **kwargs):
+    """AROUND ``ScheduleBatch.check_decode_mem``: before SGLang retracts, reclaim (regardless of theta)."""
+    ok = original(batch, *args, **kwargs)
+    rt = runtime.current()
+    if ok or rt is None or rt.reclaim_under_pressure() == 0:
+        return ok
+    return original(batch, *args, **kwargs)

@@ -1,0 +1,90 @@
+"""Hooks on the forward: decode positions are logical positions (RoPE), not live counts; a score policy's
+collector learns what each forward is and keeps its scored layers' queries."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vtoken_sglang.debug_switches import SWITCHES
+from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration.observe.host_reads import uncounted
+from vtoken_sglang.integration.parts.score_link import batch_key
+from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
+
+logger = logging.getLogger("vtoken_sglang")
+
+
+def begin_forward(ret, cls, batch, *args, **kwargs):
+    """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts; score
+    policies learn what the forward is. With ``DebugSwitches.check_positions`` each decode batch's positions are
+    checked against SGLang's own request bookkeeping (prompt length + generated tokens - 1, counting results the
+    overlap scheduler has not processed yet), independently of the Token Table."""
+    rt = runtime.current()
+    if rt is None:
+        return ret
+    if rt.scores is not None:
+        scorer = rt.scores.scorer
+        if ret.forward_mode.is_extend() and scorer.prefill_window > 0:
+            # a request whose prompt is still being chunked has inflight_middle_chunks > 0 while its chunk runs
+            scorer.begin_forward(
+                False,
+                ret.extend_seq_lens_cpu,
+                ret.extend_prefix_lens_cpu,
+                key=batch_key(batch.reqs),
+                complete=[r.inflight_middle_chunks <= 0 for r in batch.reqs],
+            )
+        else:
+            scorer.begin_forward(ret.forward_mode.is_decode())
+    if ret.forward_mode.is_decode() and ret.positions is not None:
+        if rt.rows.n_managed:  # unmanaged rows have offset 0
+            ret.positions = ret.positions + rt.rows.position_offset(ret.req_pool_indices).to(ret.positions.dtype)
+        if SWITCHES.check_positions:
+            with uncounted():
+                _check_positions(rt, batch, ret.positions)
+    return ret
+
+
+def _check_positions(rt, batch, positions: torch.Tensor) -> None:
+    # under the overlap scheduler a request's last result(s) may still be queued, not yet in output_ids
+    queued = [id(r) for b, _ in rt.pending_results() for r in b.reqs]
+    expected = [len(r.origin_input_ids) + len(r.output_ids) + queued.count(id(r)) - 1 for r in batch.reqs]
+    got = positions[: len(expected)].tolist()
+    rt.stats.position_checks += len(expected)
+    bad = sum(g != e for g, e in zip(got, expected))
+    if bad:
+        rt.stats.position_mismatches += bad
+        logger.error("[vtoken] decode positions %s differ from logical positions %s", got, expected)
+
+
+def keep_scored_query(result, layer, q, k, v, forward_batch, *args, **kwargs):
+    """AFTER ``RadixAttention.forward`` (registered only for score-based policies): a scored layer keeps its query.
+    Decode forwards write it into the collector's static buffers with tensor ops only, the same ops whether the
+    forward runs eagerly or is captured into a CUDA graph (whose replays then refill the buffers without this
+    hook); a scored prefill copies out its window's rows. The keys are in the KV pool now; scores are computed
+    after the forward."""
+    scorer = runtime.current_scorer()
+    if scorer is not None and layer.layer_id in scorer.layers:
+        scorer.keep_query(
+            layer.layer_id,
+            q,
+            forward_batch.forward_mode.is_decode(),
+            layer.tp_q_head_num,
+            layer.qk_head_dim,
+            layer.scaling,
+            layer.logit_cap,
+            _decode_rows_bound,
+        )
+    return result
+
+
+def _decode_rows_bound() -> int:
+    """Query buffer rows: the larger of the collector's default and the largest decode CUDA graph (every captured
+    batch fits), at most the scheduler's running-request cap (no decode batch is larger)."""
+    from sglang.srt.runtime_context import get_exec, get_schedule
+
+    graphs = get_exec().graph.cuda_graph_config  # None without CUDA graphs
+    graph_bs = (graphs.decode.max_bs if graphs is not None else 0) or 0
+    cap = get_schedule().max_running_requests or graph_bs or DEFAULT_ROWS
+    return min(cap, max(DEFAULT_ROWS, graph_bs))

@@ -1,0 +1,78 @@
+"""Hooks on SGLang's scheduler: build the runtime, refuse what it cannot serve, run the eviction round after each
+decode step, and look at every row again after a batch that is not a decode step."""
+
+from __future__ import annotations
+
+import logging
+
+from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration.parts.score_link import make_scorer
+from vtoken_sglang.integration.runtime import VTokenRuntime
+from vtoken_sglang.integration.startup import model_support, options
+
+logger = logging.getLogger("vtoken_sglang")
+
+
+def build_runtime(original, scheduler, server_args, *args, **kwargs) -> None:
+    """AROUND ``Scheduler.__init__``: first refuse an unsupported model with one line, before any weight is
+    loaded (and, while SGLang builds the model, an unsupported layer: ``refuse_unsupported_layer``); then build the
+    score collector (score policies: SGLang's CUDA graph capture runs the attention hook), let SGLang build the
+    scheduler, and build the runtime over it."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.runtime_context import get_parallel
+
+    model_config = ModelConfig.from_server_args(server_args)
+    reason = model_support.unsupported_model(model_config)
+    if reason:
+        model_support.refuse(reason)
+    model_support.SERVING.update(model=model_support.model_name(model_config), context_len=model_config.context_len)
+    scorer = make_scorer(options.current_config(server_args), model_config.num_attention_layers, server_args.device)
+    runtime.install(scorer=scorer)
+    original(scheduler, server_args, *args, **kwargs)
+    cfg = options.current_config(scheduler.server_args)
+    rt = VTokenRuntime.from_scheduler(scheduler, cfg, scorer)
+    runtime.install(runtime=rt)
+    logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
+    logger.info(
+        "[vtoken] device memory: %.3f MB of metadata beside a KV pool of %.3f GB (%.3f%%)",
+        rt.device_bytes / 2**20,
+        rt.kv_pool_bytes / 2**30,
+        100 * rt.device_bytes / max(rt.kv_pool_bytes, 1),
+    )
+
+
+def refuse_unsupported_layer(result, layer, *args, **kwargs) -> None:
+    """AFTER ``RadixAttention.__init__``: while SGLang builds the model, before its weights load, a layer vToken
+    cannot serve stops the scheduler with one line."""
+    reason = model_support.unsupported_layer(layer)
+    if reason:
+        model_support.refuse(reason)
+
+
+def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **kwargs) -> None:
+    """BEFORE ``Scheduler.get_next_batch_to_run``: the eviction round (``VTokenRuntime.after_decode``) of the
+    decode step that ran last, after its forward and before the next batch is admitted and prepared; the same point
+    with and without SGLang's overlap scheduler. Without overlap, that step's results are processed by now. With
+    overlap they are not (they are processed after the next forward is launched), so requests whose queued result
+    ends them by length are left alone, as the results would have finished them; a request that ends on a stop
+    token is only known to have ended after this round (its extra victims change nothing it outputs). The round
+    reads only the Token Table, the batch's rows and lengths, and the tree locks, none of which a pending result
+    changes."""
+    rt = runtime.current()
+    if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
+        return None
+    rt.after_decode(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
+    return None
+
+
+def recheck_after_prefill(result, scheduler, batch, *args, **kwargs) -> None:
+    """AFTER ``Scheduler.process_batch_result``: after a batch that is not a decode step (a prefill, mixed or
+    prebuilt batch: its requests join the decode batch), the next eviction round checks every row; after a prefill
+    scored with a window (snapkv), rank the prompts (its window waited for its results, which the overlap scheduler
+    processes after the next forward)."""
+    rt = runtime.current()
+    if rt is None or batch is None or batch.forward_mode.is_decode():
+        return
+    rt.rows.recheck()
+    if rt.scores is not None and batch.forward_mode.is_extend():
+        rt.scores.observe_prefill(batch)

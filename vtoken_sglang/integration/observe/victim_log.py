@@ -1,0 +1,45 @@
+"""Debug: every eviction decision of a scheduler as JSON lines, for references that replay what the model saw.
+
+``VTOKEN_SGLANG_VICTIM_LOG=PATH``: each eviction round appends, per request it evicted from, one line
+``{"rid", "tp_rank", "next_position", "evicted"}``: ``evicted`` holds the logical positions of the tokens made
+dead, ``next_position`` the logical position of the row's next token (the first query that no longer sees them).
+So the query at logical position ``q`` of request ``rid`` attends to every position ``<= q`` except those evicted
+on lines with ``next_position <= q`` (prompt and decode tokens alike). Off by default: the lines cost device reads
+and a Python loop over the trimmed requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from vtoken_sglang.debug_switches import SWITCHES
+
+
+def record(reqs: list, rows: torch.Tensor, next_positions: torch.Tensor, vr: torch.Tensor, logical: torch.Tensor):
+    """Append the victims of one round: ``reqs[i]`` holds row ``rows[i]`` whose next token is at
+    ``next_positions[i]``; the round's victims are the rows ``vr`` and logical positions ``logical``."""
+    from sglang.srt.runtime_context import get_parallel
+
+    rank = get_parallel().tp_rank
+    vr, logical = vr.cpu(), logical.cpu()
+    lines = []
+    for req, row, nxt in zip(reqs, rows.tolist(), next_positions.tolist()):
+        evicted = sorted(logical[vr == row].tolist())
+        if evicted:
+            lines.append({"rid": req.rid, "tp_rank": rank, "next_position": nxt, "evicted": evicted})
+    with open(SWITCHES.victim_log, "a") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+def read(path: str | os.PathLike, tp_rank: int = 0) -> dict[str, list[tuple[int, list[int]]]]:
+    """rid -> ``[(next_position, evicted), ...]`` in round order, as ``tp_rank`` wrote them."""
+    events: dict[str, list[tuple[int, list[int]]]] = {}
+    with open(path) as f:
+        for line in f:
+            e = json.loads(line)
+            if e["tp_rank"] == tp_rank:
+                events.setdefault(e["rid"], []).append((e["next_position"], e["evicted"]))
+    return events

@@ -1,0 +1,204 @@
+"""``RequestRows``: which of SGLang's requests vToken manages, and what their rows tell SGLang.
+
+A request becomes *managed* the first time it exceeds its budget during decode (score policies: at its first
+scored step; snapkv: after its prefill). Until then its row is exactly upstream's (dense, insertable in the radix
+tree). From then on:
+- its row ``req_to_token[r, 0:seq_len]`` holds only live tokens, in logical order, and ``seq_len`` = live count
+  (``write_lengths``);
+- from its first eviction on (``mark_compacted``), ``req.skip_radix_cache_insert`` is set (its row no longer
+  matches its token ids). A managed request that never evicted (a score policy's, under budget) keeps a dense
+  row: when it ends, its pages go back to SGLang untracked and upstream releases it, inserting it into the tree;
+- tokens of its tree prefix (logical positions below ``cache_protected_len``) are eviction candidates like any
+  other, but evicting one only drops it from the request's view: its slot is the tree's, never moved or freed here;
+- its private pages are tracked in the ``SglangPagePool`` (owner = row, live counts);
+- its decode positions are ``seq_len - 1 + offset[row]`` (``offset`` = logical_len - live_len), its next slot
+  follows the tail-page rule, and its pages are released here (SGLang's segment free assumes dense rows).
+
+Host mirrors (NumPy, per row) let the per-step hooks decide without reading a device tensor (a stall between
+forwards on a GPU): ``host_active`` (managed), ``host_offset`` (``offset``) and ``host_tail_pos`` (the in-page
+position of the row's last slot: the newest token is never evicted, and its page, the tail page, is never
+relocated, so it changes only when a decode token is appended: ``(pos + 1) % page_size``, a new page at 0).
+The integrity check in the server compares them with the device state.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+from vtoken_sglang.core.pages import tail_room
+from vtoken_sglang.core.token_table import TokenTable
+from vtoken_sglang.integration.observe.host_reads import host_array, on_host
+from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
+
+DUE_HORIZON = 64  # decode steps ahead a row's budget is evaluated at each check (one check per trim in most loads)
+
+
+def request_key(req) -> int:
+    """A request's identity for policies: a hash of its prompt token ids. The same on every TP rank, in every run,
+    with reclaim on or off, and whatever row the request gets (rids are random; rows depend on timing)."""
+    return zlib.crc32(np.asarray(req.origin_input_ids, dtype=np.int64).tobytes())
+
+
+class RequestRows:
+    def __init__(self, table: TokenTable, pool: SglangPagePool):
+        self.table = table
+        self.pool = pool
+        self.req_to_token = table.slots
+        self.page_size = pool.page_size
+        n = table.slots.shape[0]
+        self.offset = torch.zeros(n, dtype=torch.int64, device=table.slots.device)
+        self.host_active = np.zeros(n, dtype=bool)
+        self.host_offset = np.zeros(n, dtype=np.int64)
+        self.host_tail_pos = np.zeros(n, dtype=np.int64)
+        self.host_compacted = np.zeros(n, dtype=bool)  # managed and evicted at least once: not insertable
+        # the logical length at which a row may first be over budget + slack (0: check at the next round)
+        self.host_due = np.zeros(n, dtype=np.int64)
+        self.quiet_rounds = 0  # rounds from now in which no batch row is due (``skip_check``)
+        self.requests_managed = 0  # requests ever managed
+        self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
+
+    def device_bytes(self) -> int:
+        """Device bytes of the per-row position offsets (the host mirrors are host memory)."""
+        return self.offset.numel() * self.offset.element_size()
+
+    def is_managed(self, row: int) -> bool:
+        return self.n_managed > 0 and bool(self.host_active[row])
+
+    def needs_page(self, rows: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+        """Whether each row's next decode token starts a new page (the tail-page rule, on the host mirrors).
+        ``seq_lens``: the rows' lengths before that token; an unmanaged row is dense (its last slot's in-page
+        position is ``(seq_len - 1) % page_size``)."""
+        P = self.page_size
+        pos = np.where(self.host_active[rows], self.host_tail_pos[rows], (seq_lens - 1) % P)
+        return tail_room(pos, P) == 0
+
+    def over_budget(self, host_rows: np.ndarray, live: np.ndarray, policy) -> np.ndarray:
+        """Batch positions of the rows (``host_rows``, live lengths ``live``) over ``policy``'s budget + slack.
+        Only rows whose logical length reached their due length are checked, each ``DUE_HORIZON`` decode steps
+        ahead at once: a decode step adds one token to both its live and logical lengths, so the step at which a
+        row first runs over is known now, and the row is due then (or after the horizon, if it stays under)."""
+        logical = live + self.host_offset[host_rows]
+        due = np.flatnonzero(logical >= self.host_due[host_rows])
+        if not due.size:
+            return due
+        ahead = np.arange(DUE_HORIZON)
+        future = logical[due][:, None] + ahead
+        budget = on_host(policy.budget, future.ravel()).reshape(future.shape)
+        over = budget + policy.cfg.slack < live[due][:, None] + ahead
+        first = np.where(over.any(1), over.argmax(1), DUE_HORIZON)
+        self.host_due[host_rows[due]] = logical[due] + first
+        # the batch's next due row is due in max(gap, 1) rounds (each adds one logical token to every row)
+        self.quiet_rounds = max(int((self.host_due[host_rows] - logical).min()), 1) - 1
+        return due[first == 0]
+
+    def skip_check(self) -> bool:
+        """Whether this round's ``over_budget`` can be skipped: no row of the batch checked last is due, and no
+        request has joined it since (``recheck``). Counts the round."""
+        if self.quiet_rounds > 0:
+            self.quiet_rounds -= 1
+            return True
+        return False
+
+    def recheck(self) -> None:
+        """Requests may join the decode batch (a batch that is not a decode step ran): check at the next round."""
+        self.quiet_rounds = 0
+
+    def forget(self, row: int) -> None:
+        """The request in ``row`` ends (any request): the next one there is checked at its first round."""
+        self.host_due[row] = 0
+
+    def manage(self, reqs: list) -> None:
+        """Start tracking requests whose rows are still dense (upstream's)."""
+        dev = self.req_to_token.device
+        rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
+        lens = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64, device=dev)
+        keys = torch.tensor([request_key(r) for r in reqs], dtype=torch.int64, device=dev)
+        protected = torch.tensor([r.kv.cache_protected_len for r in reqs], dtype=torch.int64, device=dev)
+        self.table.open_rows(rows, keys)
+        # register the whole row; only the request's own pages (past the tree prefix) are claimed and counted
+        self.table.sync_new_tokens(rows, protected)
+        self.table.sync_new_tokens(rows, lens - protected, claim_pages=True)
+        host_rows = np.fromiter((r.kv.req_pool_idx for r in reqs), dtype=np.int64, count=len(reqs))
+        host_lens = np.fromiter((r.kv.kv_committed_len for r in reqs), dtype=np.int64, count=len(reqs))
+        self.host_active[host_rows] = True
+        self.host_offset[host_rows] = 0
+        self.host_compacted[host_rows] = False
+        self.host_tail_pos[host_rows] = (host_lens - 1) % self.page_size  # a dense row's last slot
+        self.requests_managed += len(reqs)
+        self.n_managed += len(reqs)
+
+    def mark_compacted(self, reqs: list) -> None:
+        """``reqs`` (managed) are about to evict: their rows stop matching their token ids."""
+        for r in reqs:
+            r.skip_radix_cache_insert = True
+        self.host_compacted[[r.kv.req_pool_idx for r in reqs]] = True
+
+    def release(self, req) -> None:
+        """Before SGLang releases a managed request. A dense row (never evicted): stop tracking it and its pages,
+        and let upstream release it (and insert it into the tree). A compacted row: free its private pages here
+        and leave SGLang nothing of the row to free past the tree prefix (its segment free assumes a dense row).
+        Without a tree prefix (radix cache off, or a prompt shorter than a page) SGLang asserts that a row it
+        still holds is not empty: it gets one page of the request to free itself, as a one-slot row."""
+        row = req.kv.req_pool_idx
+        pages = self.table.close_row(row)
+        self.n_managed -= 1
+        self.offset[row] = 0
+        self.host_active[row] = False
+        self.host_offset[row] = 0
+        if not self.host_compacted[row]:
+            self.pool.disown(pages)
+            return
+        self.host_compacted[row] = False
+        keep = req.kv.cache_protected_len
+        if keep == 0 and pages.numel():
+            handed, pages = pages[:1], pages[1:]
+            self.pool.disown(handed)
+            self.req_to_token[row, 0] = (handed[0] * self.page_size).to(self.req_to_token.dtype)
+            keep = 1
+        self.pool.free(pages)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = keep
+
+    def sync_decode(self, batch) -> None:
+        """``prepare_for_decode`` wrote one new slot per managed request at column ``seq_len``: the Token Table
+        registers it when it is next read (``TokenTable.defer_decode_tokens``); the host mirrors now."""
+        if self.n_managed == 0:
+            return
+        host_rows = host_array(batch.req_pool_indices_cpu)
+        managed = self.host_active[host_rows]
+        n = int(managed.sum())
+        if n == 0:
+            return
+        mine = host_rows if n == len(host_rows) else host_rows[managed]  # with eviction on, usually every row
+        self.host_tail_pos[mine] = (self.host_tail_pos[mine] + 1) % self.page_size
+        self.table.defer_decode_tokens(mine)  # registered when the table is next read
+
+    def write_lengths(self, batch, at: np.ndarray) -> None:
+        """The requests at batch positions ``at`` (managed) were trimmed: write their live lengths from the Token
+        Table into the batch and into them (their rows already hold the live slots), and their position offsets.
+        The batch's length tensors are replaced, not written in place (a forward in flight may still read them)."""
+        host_rows = host_array(batch.req_pool_indices_cpu)[at]
+        dev = self.req_to_token.device
+        rows = torch.from_numpy(host_rows).to(dev)
+        live = self.table.live_len[rows]
+        offset = self.table.logical_len[rows] - live
+        self.offset[rows] = offset
+        idx = torch.from_numpy(at).to(batch.seq_lens.device)
+        for name in ("seq_lens", "orig_seq_lens"):
+            lens = getattr(batch, name).clone()
+            lens[idx] = live.to(lens.dtype)
+            setattr(batch, name, lens)
+        batch.seq_lens_sum = None
+        host = torch.stack([live, offset]).cpu().numpy()  # the one read of the step: lengths the host needs
+        lens_cpu = batch.seq_lens_cpu.clone()
+        lens_cpu[torch.from_numpy(at)] = torch.from_numpy(host[0]).to(lens_cpu.dtype)
+        batch.seq_lens_cpu = lens_cpu
+        self.host_offset[host_rows] = host[1]
+        for i, n in zip(at.tolist(), host[0].tolist()):
+            batch.reqs[i].kv.kv_committed_len = batch.reqs[i].kv.kv_allocated_len = n
+
+    def position_offset(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        """Logical position minus live position per row (0 for unmanaged rows)."""
+        return self.offset[req_pool_indices.to(torch.int64)]

@@ -1,0 +1,163 @@
+"""Tiny random-weight models of the families users serve, for the tests: nothing downloaded.
+
+    python -m vtoken_sglang.tools.tiny_families FAMILY [DIR]      # prints the model directory
+
+Contract (as ``tiny_model``, whose tokenizer every family shares):
+- each family is its transformers config class at the tiny model's text geometry (``TinyModelSpec``: hidden size,
+  layers, heads, KV heads, vocabulary), plus what makes the family itself (``FAMILIES``, 7 of them: Qwen2's QKV
+  bias, Qwen3's QK norms, Mistral without a sliding window, Gemma-2's sliding window and soft-capping, Mixtral's
+  and Qwen3-MoE's experts, Qwen2-MoE's experts and shared expert);
+- weights drawn from one seeded ``torch.Generator`` in parameter-name order, stored as bf16: the same spec gives the
+  same bytes on every machine with the same transformers;
+- cached per family and spec (a stamp; built in a temporary sibling and renamed, ``tiny_model.reuse_or_build``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from vtoken_sglang.tools import tiny_model
+
+# family -> (architecture, transformers config class, what the family adds to the shared geometry)
+FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 32}),
+    "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": None}),
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        {
+            "head_dim": 32,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 4096,  # SGLang attends to the last 4095: serve with --context-length <= 4095
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_act": "gelu_pytorch_tanh",  # SGLang's Gemma-2 reads this older name
+            "tie_word_embeddings": True,  # SGLang's Gemma-2 always computes logits with the embedding
+        },
+    ),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        {
+            "head_dim": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 96,
+            "norm_topk_prob": True,
+        },
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeForCausalLM",
+        "Qwen2MoeConfig",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 96,
+            "shared_expert_intermediate_size": 96,
+        },
+    ),
+}
+SPEC = tiny_model.TinyModelSpec()  # the geometry every family shares by default
+# parameters whose value multiplies as (1 + w) in the family's norms: drawn around 0, the others' norms are 1
+_OFFSET_NORMS = ("gemma2",)
+# families that scale their input embeddings by sqrt(hidden size) and compute logits with the same (tied) matrix:
+# their embeddings are drawn that much smaller, or the residual stream is the input token's own embedding and
+# every greedy output repeats it
+_NORMALIZED_TIED_EMBEDDINGS = ("gemma2",)
+
+
+def family_config(family: str, spec: tiny_model.TinyModelSpec = SPEC, vocab_size: int = 0):
+    """The transformers config of ``family`` at ``spec``'s geometry (``vocab_size``: the tokenizer's, if larger)."""
+    import transformers
+
+    arch, cls, extra = FAMILIES[family]
+    cfg = getattr(transformers, cls)(
+        vocab_size=max(vocab_size, spec.vocab_size),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=spec.rope_theta,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **{"tie_word_embeddings": False, **extra},
+    )
+    cfg.architectures = [arch]
+    return cfg
+
+
+def default_dir(family: str, spec: tiny_model.TinyModelSpec = SPEC) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "vtoken-sglang" / f"tiny-{family}-{_digest(family, spec)}"
+
+
+def _digest(family: str, spec: tiny_model.TinyModelSpec) -> str:
+    key = {
+        "family": family,
+        "family_spec": FAMILIES[family],
+        "spec": dataclasses.asdict(spec),
+        "draw": [family in _OFFSET_NORMS, family in _NORMALIZED_TIED_EMBEDDINGS],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build(family: str, out_dir: str | os.PathLike | None = None, spec: tiny_model.TinyModelSpec = SPEC) -> Path:
+    """A directory holding ``family``'s tiny model, built unless an identical build is already there."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    out = Path(out_dir) if out_dir is not None else default_dir(family, spec)
+    stamp = {"family": family, "digest": _digest(family, spec)}
+    return tiny_model.reuse_or_build(out, stamp, lambda tmp: _write(family, spec, tmp))
+
+
+def _write(family: str, spec: tiny_model.TinyModelSpec, tmp: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    llama = tiny_model.build(spec=spec)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if (llama / name).is_file():
+            shutil.copy(llama / name, tmp / name)
+    vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
+    cfg = family_config(family, spec, vocab)
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}  # tied: once
+    gen = torch.Generator().manual_seed(spec.seed)
+    state = {}
+    for name in sorted(shapes):
+        if name.endswith("norm.weight") and family not in _OFFSET_NORMS:
+            state[name] = torch.ones(shapes[name])
+        else:
+            state[name] = torch.randn(shapes[name], generator=gen) * spec.init_std
+        if name.endswith("embed_tokens.weight") and family in _NORMALIZED_TIED_EMBEDDINGS:
+            state[name] /= spec.hidden_size**0.5
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict({n: t.to(torch.bfloat16) for n, t in state.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"} and (not missing or cfg.tie_word_embeddings)
+    model.tie_weights()
+    model.save_pretrained(tmp, safe_serialization=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not 1 <= len(args) <= 2 or args[0] not in FAMILIES:
+        print(f"usage: python -m vtoken_sglang.tools.tiny_families {{{','.join(FAMILIES)}}} [DIR]", file=sys.stderr)
+        return 2
+    print(build(args[0], args[1] if len(args) > 1 else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
