@@ -3,6 +3,8 @@ slower path, read once per process (at this module's first import) into one froz
 ``SWITCHES``. Every module asks ``SWITCHES``; none reads these variables itself. A spawned process inherits the
 environment, so one export reaches every scheduler.
 
+``TRITON_INTERPRET`` is Triton's own; vToken reads it here, once, like its own.
+
 Not switches (channels between processes, read where they are used): ``VTOKEN_SGLANG_CONFIG`` (the configuration
 the launcher passes on), ``VTOKEN_SGLANG_REFUSAL_FILE`` (a scheduler's refusal back to its launcher) and
 ``VTOKEN_SGLANG_MANIFEST`` (another patch manifest to check against).
@@ -30,6 +32,9 @@ class DebugSwitches:
     score_dump: str | None = None  # SCORE_DUMP=PATH: the first request's scores per scored step, written at idle
     victim_log: str | None = None  # VICTIM_LOG=PATH: every eviction decision as JSON lines
     cpu_kernel: bool = True  # CPU_KERNEL=0: torch ops instead of the C++ CPU kernels
+    # TRITON_INTERPRET=1 (Triton's own switch, read here too): Triton kernels run interpreted on CPU tensors, so a
+    # CPU server on SGLang's Triton attention backend runs the GPU path; vToken's scoring then takes it too
+    triton_interpret: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> DebugSwitches:
@@ -58,6 +63,7 @@ class DebugSwitches:
             score_dump=text("SCORE_DUMP"),
             victim_log=text("VICTIM_LOG"),
             cpu_kernel=text("CPU_KERNEL") != "0",
+            triton_interpret=env.get("TRITON_INTERPRET") == "1",
         )
 
 

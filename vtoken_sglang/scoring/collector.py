@@ -16,24 +16,30 @@ Both are means over all query heads of all TP ranks and over the scored layers. 
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
 
+from vtoken_sglang.debug_switches import SWITCHES
 from vtoken_sglang.scoring import cpu_kernel
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers
 from vtoken_sglang.scoring.reference import layers_scores_headsum, window_scores_headsum
 
+logger = logging.getLogger("vtoken_sglang")
+
 
 @functools.cache
 def scores_impl(device: torch.device) -> Callable[..., torch.Tensor]:
-    """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA; elsewhere the CPU kernel (all
-    layers in one op, ``cpu_kernel``) where vToken's CPU kernels are built, else the torch reference (all layers at
-    once). Chosen once per device (every scored step asks)."""
-    if device.type != "cuda":
+    """``layers_scores_headsum``'s contract: the Triton kernel layer by layer on CUDA, and on CPU under
+    ``TRITON_INTERPRET=1`` (the GPU path, interpreted); elsewhere the CPU kernel (all layers in one op,
+    ``cpu_kernel``) where vToken's CPU kernels are built, else the torch reference (all layers at once). Chosen once
+    per device (every scored step asks)."""
+    if device.type != "cuda" and not SWITCHES.triton_interpret:
         return cpu_kernel.load() or layers_scores_headsum
+    logger.info("[vtoken] scoring with the Triton kernel%s", "" if device.type == "cuda" else " (interpreted)")
     from vtoken_sglang.scoring.triton_scores import decode_scores_headsum_triton
 
     def triton_layers(q, k_buffers, slots, live_len, scale, logit_cap):

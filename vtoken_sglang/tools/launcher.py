@@ -88,13 +88,17 @@ def _has_cuda() -> bool:
         return False
 
 
-def default_server_args(max_total_tokens: int = 16384, page_size: int | None = 16) -> list[str]:
+def default_server_args(
+    max_total_tokens: int = 16384, page_size: int | None = 16, cpu_attention: str = "torch_native"
+) -> list[str]:
     """Flags for a small CPU server (torch_native attention, bounded KV pool, float32 for exact comparisons).
     ``--sleep-on-idle``: an idle SGLang scheduler otherwise busy-polls and holds a whole core, which on a 2-core
-    machine halves the speed of everything else (tests and benchmarks that keep a server up between loads)."""
+    machine halves the speed of everything else (tests and benchmarks that keep a server up between loads).
+    ``cpu_attention``: the attention backend without CUDA (``triton``: SGLang's GPU kernels, which need
+    ``TRITON_INTERPRET=1`` in the server's environment on a CPU)."""
     args = ["--max-total-tokens", str(max_total_tokens), "--dtype", "float32", "--sleep-on-idle"]
     if not _has_cuda():
-        args += ["--device", "cpu", "--attention-backend", "torch_native"]
+        args += ["--device", "cpu", "--attention-backend", cpu_attention]
     if page_size is not None:
         args += ["--page-size", str(page_size)]
     return args
