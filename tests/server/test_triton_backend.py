@@ -4,10 +4,10 @@ interpreter (``TRITON_INTERPRET=1``), and vToken's own Triton scoring kernel wit
 
 vToken with relocation, copy-on-write of the prompts' tree pages, late fences (conftest) and SGLang's overlap
 scheduler (its default) on: each policy's outputs on the Triton backend equal the same configuration on
-``torch_native``, with the same victims and the same relocation plans, and (random) Naive-Evict's; nothing leaks
-(SGLang's strict idle check). h2o's Naive-Evict twin on torch_native is test_scoring's (tova, scissorhands: the same
-scoring path). Loads are short, one batch each (the same arrivals on every server): an interpreted decode step costs
-about 0.3 s.
+``torch_native``, with the same victims, and (random) Naive-Evict's; nothing leaks (SGLang's strict idle check).
+Relocation plans are not compared across servers: their page ids follow the order SGLang admitted the requests in.
+h2o's Naive-Evict twin on torch_native is test_scoring's (tova, scissorhands: the same scoring path). Loads are
+short, one request of 4 prompts each: an interpreted decode step costs about 0.3 s.
 """
 
 import pytest
@@ -63,7 +63,7 @@ def triton_runs(tiny_model):
 
 @pytest.mark.parametrize("policy", list(PROMPTS))
 def test_triton_backend_equals_torch_native_and_naive_evict(triton_runs, policy):
-    """The Triton backend, interpreted: the same tokens, victims and plans as torch_native (vToken), and (random)
+    """The Triton backend, interpreted: the same tokens and victims as torch_native (vToken), and (random)
     the same tokens and victims as Naive-Evict; it evicted, relocated and (random, whose prompts share tree pages)
     copied tree pages; positions checked, nothing leaked, the integrity check ran."""
     (ids, st, log), (ids_native, st_native, _) = triton_runs[policy, "triton"], triton_runs[policy, "native"]
@@ -74,7 +74,7 @@ def test_triton_backend_equals_torch_native_and_naive_evict(triton_runs, policy)
     if (policy, "naive") in triton_runs:
         ids_naive, st_naive, _ = triton_runs[policy, "naive"]
         assert ids == ids_naive and st["digest_victims"] == st_naive["digest_victims"]
-    assert st["digest_plans"] == st_native["digest_plans"] and st["tokens_moved"] > 0 and st["pages_reclaimed"] > 0
+    assert st["tokens_moved"] > 0 and st["pages_reclaimed"] > 0
     if policy == "random":
         assert st["cow_copies"] > 0 and st["cow_pages_released"] > 0, st
     else:
