@@ -459,3 +459,41 @@ def test_deferred_decode_tokens_settle_to_one_sync_per_step():
     assert torch.equal(a.table.state["h2o_acc"], b.table.state["h2o_acc"])
     assert torch.equal(a.pool.live, b.pool.live) and torch.equal(a.pool.owner, b.pool.owner)
     check_integrity(b.table)
+
+
+def test_window_suffix_equals_brute_force_with_deferred_tokens():
+    """``window_suffix``: per row, the entries whose logical position is within ``span`` of the newest's, computed
+    from the row store without settling (deferred decode tokens at their positions), equals a brute-force count over
+    the settled table's logical positions, across evictions and relocations; a row that is not active counts as
+    dense (``min(length, span)``)."""
+    g = torch.Generator().manual_seed(4)
+    eng = MiniEngine(num_pages=128, page_size=4, rows=6, reserve=4)
+    t, rows = eng.table, torch.tensor([0, 2, 3, 5])
+    t.open_rows(rows)
+    spans = (1, 3, 8, 64)
+    shrunk = 0  # windows that evictions left shorter than a dense row's
+    for step in range(12):
+        eng.write(rows, torch.randint(1, 6, (len(rows),), generator=g))
+        eng.evict_random(0.3, g)
+        eng.reclaimer.step()
+        written = t.live_len.clone()
+        for _ in range(step % 3):  # decode steps written into the row store, registered at the next settle
+            last = t.slots[rows, written[rows] - 1].to(torch.int64)
+            for i, row in enumerate(rows.tolist()):
+                full = (int(last[i]) + 1) % 4 == 0
+                slot = int(eng.pool.alloc(1, FREE)[0]) * 4 if full else int(last[i]) + 1
+                t.slots[row, written[row]] = slot
+            written[rows] += 1
+            t.defer_decode_tokens(rows.numpy())
+        ask = torch.cat([rows, torch.tensor([1])])  # row 1: not active, an engine's dense row of 9
+        lengths = torch.cat([written[rows], torch.tensor([9])])
+        got = {span: t.window_suffix(ask, lengths, span) for span in spans}
+        assert t.deferred_tokens == len(rows) * (step % 3)  # nothing settled
+        t.settle()
+        positions = [t.logical[t.slots[r, :n].to(torch.int64)] for r, n in zip(rows.tolist(), written[rows].tolist())]
+        for span in spans:
+            w, start = got[span]
+            want = [int((pos > pos[-1] - span).sum()) for pos in positions] + [min(9, span)]
+            assert w.tolist() == want and torch.equal(start, lengths - w), (step, span)
+            shrunk += int((w < torch.clamp(lengths, max=span)).sum())
+    assert shrunk > 0

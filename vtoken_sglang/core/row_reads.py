@@ -2,8 +2,9 @@
 
 A row's live entries are columns ``0 .. live_len[r]-1`` of the row store; their metadata is per KV slot, so every
 read goes through the row's slots. Reads past a row's live length give padding (slot 0, state 0). The accessors use
-the table's ``slots``, ``live_len`` (which settles deferred decode tokens), ``logical``, ``state``, ``active``,
-``page_size``, ``settle`` and ``kernels`` (vToken's CPU kernels, or None).
+the table's ``slots``, ``live_len`` (which settles deferred decode tokens; ``window_suffix`` reads the raw
+``_live_len`` and ``_logical_len`` instead), ``logical``, ``state``, ``active``, ``page_size``, ``settle`` and
+``kernels`` (vToken's CPU kernels, or None).
 """
 
 from __future__ import annotations
@@ -29,6 +30,25 @@ class RowReads:
         """Logical ids of the live entries ``(rows[i], cols[i])``."""
         self.settle()
         return self.logical[self.slots[rows, cols].to(torch.int64)]
+
+    def window_suffix(self, rows: torch.Tensor, lengths: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sliding window over each row's first ``lengths`` columns (an engine's sequence lengths: the newest
+        entry last): the entries whose logical position is above ``q - span``, ``q`` the newest entry's. A row is
+        in logical order, so they are its last ``w`` columns, from ``start = lengths - w``; returns ``(w, start)``
+        (int64, on the rows' device). Static shapes (``[len(rows), span]``), no host read and no settle, so an
+        engine's per-forward metadata step (a CUDA graph's replay's too) can run it: columns at or past a row's
+        registered length hold deferred decode tokens, one logical position after another; a row that is not
+        active is an engine's dense row (position = column), whose window is ``min(lengths, span)``."""
+        r, n = rows.to(torch.int64), lengths.to(torch.int64)
+        active = self.active[r]
+        registered = torch.where(active, self._live_len[r], 0)
+        offset = torch.where(active, self._logical_len[r] - self._live_len[r], 0)  # logical minus column
+        cols = n[:, None] - span + torch.arange(span, device=n.device)[None, :]
+        slots = self.slots[r[:, None], cols.clamp(min=0)].to(torch.int64)
+        pos = torch.where(cols < registered[:, None], self.logical[slots].to(torch.int64), cols + offset[:, None])
+        newest = n - 1 + offset
+        w = ((cols >= 0) & (pos > (newest - span)[:, None])).sum(1)
+        return w, n - w
 
     def row_logical(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """``[k, width]`` logical ids of ``rows``' live entries (garbage past each live length)."""
