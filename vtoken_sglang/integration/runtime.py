@@ -1,6 +1,6 @@
 """``VTokenRuntime``: vToken inside one SGLang scheduler process, and what it does after each decode step.
 
-Built once from the scheduler (``from_scheduler``), it owns one object per job:
+Built once per scheduler (``hooks.scheduler.build_runtime``), it owns one object per job:
 - ``table`` (``core.token_table``) over SGLang's ``req_to_token``; ``pool`` (``page_bridge``): page accounting over
   SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
 - ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
@@ -33,8 +33,8 @@ batch that just decoded, one call per step in the order they happen:
 Steps 4-7 (but the last fold) run only in a round that evicted from some request. Requests whose queued result ends
 them by length (the overlap scheduler's, ``_ending``) are left alone: the results would have finished them.
 
-``current()`` is how hooks reach the runtime (one scheduler per process); ``current_scorer()`` the score collector,
-built before the model (the attention hook fills it while SGLang captures CUDA graphs) and before the runtime.
+Hooks reach it through ``process.current()``; ``hooks.scheduler`` builds it over a scheduler; its metrics are
+``observe.runtime_metrics``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.debug_switches import SWITCHES
 from vtoken_sglang.integration.observe import victim_log
-from vtoken_sglang.integration.observe.hook_timer import TIMER
 from vtoken_sglang.integration.observe.host_reads import HOST_READS, host_array
 from vtoken_sglang.integration.observe.integrity_watch import IntegrityWatch
 from vtoken_sglang.integration.observe.stats import RuntimeStats
@@ -301,36 +300,6 @@ class VTokenRuntime:
         queries = self.scores.scorer.buffers if self.scores is not None else None
         return device_bytes(self.table, self.pool, self.rows) + (queries.nbytes() if queries is not None else 0)
 
-    @classmethod
-    def from_scheduler(cls, scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None = None) -> VTokenRuntime:
-        """The runtime over a built SGLang scheduler's pools, tree, streams and TP group; raises ``SystemExit``
-        with one line if they are not what vToken can serve (a paged allocator over one K/V pool)."""
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-
-        allocator = scheduler.token_to_kv_pool_allocator
-        kv_pool = allocator.get_kvcache()
-        if type(allocator) is not PagedTokenToKVPoolAllocator or not hasattr(kv_pool, "k_buffer"):
-            raise SystemExit(
-                f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
-                f"{type(allocator).__name__} over {type(kv_pool).__name__}"
-            )
-        req_to_token = scheduler.req_to_token_pool.req_to_token
-        tree = scheduler.tree_cache
-        on = not getattr(tree, "disable", True) and hasattr(tree, "tree_core")  # SGLang's UnifiedRadixCache, on
-        overlap = scheduler.enable_overlap
-        return cls(
-            cfg,
-            req_to_token,
-            allocator,
-            kv_pool,
-            tree=tree if on else None,
-            producer=scheduler.forward_stream if overlap and req_to_token.is_cuda else None,
-            tp=TpGroup.of_scheduler(),
-            prompt_in_tree=not scheduler.server_args.disable_radix_cache,
-            pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
-            scorer=scorer,
-        )
-
     def reclaim_under_pressure(self) -> int:
         """A decode step would not fit: reclaim regardless of theta. Returns the pages freed."""
         if not self.reclaimer.enabled:
@@ -352,60 +321,3 @@ class VTokenRuntime:
         used = self.pool.num_pages - self.allocator.available_size() // self.page_size
         evictable = self.tree.evictable_size() // self.page_size if self.tree is not None else None
         self.stats.sample_pages(used, self.pool.used_pages(), evictable)
-
-    def metrics(self) -> dict:
-        pool, table = self.pool, self.table
-        table.settle()
-        active = table.active
-        # one read: managed rows, their live tokens, private pages, the live tokens in those
-        rows, live, *occupancy = torch.cat(
-            [torch.stack([active.sum(), torch.where(active, table.live_len, 0).sum()]), pool.private_occupancy()]
-        ).tolist()
-        assert self.rows.n_managed == rows, "managed-row count out of step with the Token Table"
-        return {
-            "live_tokens": live,
-            "allocated_pages": pool.used_pages(),
-            "fragmentation": round(pool.fragmentation(occupancy), 4),
-            "hook_ms": round(TIMER.ms, 3),
-            "requests_managed": self.rows.requests_managed,
-            "resident_dead_tokens": pool.used_pages() * self.page_size - occupancy[1],
-            "pending_pages": self.reclaimer.pending_pages(),
-            "reserved_pages": self.pool.reserved_pages(),
-            "vtoken_device_bytes": self.device_bytes,
-            "kv_pool_bytes": self.kv_pool_bytes,
-            **self.stats.as_dict(with_tree=self.tree is not None),
-            **(self.scores.metrics() if self.scores is not None else {}),
-            **self.reclaimer.stats.as_dict(),
-            **self.plans.metrics(),
-            **HOST_READS.metrics(),
-            **(self.cow.metrics() if self.cow is not None else {}),
-        }
-
-
-class _Process:
-    """What one scheduler process holds: its score collector (built before the model) and its runtime."""
-
-    scorer: ScoreCollector | None = None
-    runtime: VTokenRuntime | None = None
-
-
-_PROCESS = _Process()
-
-
-def current() -> VTokenRuntime | None:
-    """This process's runtime: None before its scheduler is built, and in processes that are not vToken
-    schedulers (hooks then take upstream's path). The one way hooks reach the runtime."""
-    return _PROCESS.runtime
-
-
-def current_scorer() -> ScoreCollector | None:
-    """This process's score collector (score policies), from before the model is built on."""
-    return _PROCESS.scorer
-
-
-def install(scorer: ScoreCollector | None = None, runtime: VTokenRuntime | None = None) -> None:
-    """Set what ``current_scorer`` and ``current`` return (the scheduler's init hook, in two steps)."""
-    if scorer is not None:
-        _PROCESS.scorer = scorer
-    if runtime is not None:
-        _PROCESS.runtime = runtime

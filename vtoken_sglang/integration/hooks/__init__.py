@@ -1,6 +1,6 @@
 """The serving hooks: registered only in scheduler processes of a server started with ``--enable-vtoken``, each
 named by the job it does and kept in a module by the part of SGLang it hooks (``scheduler``, ``allocation``,
-``forward``, ``admission``, ``reporting``). Every hook reaches the runtime through ``runtime.current()``; every
+``forward``, ``admission``, ``reporting``). Every hook reaches the runtime through ``process.current()``; every
 target is listed, fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other).
 
 ``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones

@@ -3,14 +3,14 @@ reclaim before retracting."""
 
 from __future__ import annotations
 
-from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration import process
 
 
 def cap_running_reservation(original, adder, req):
     """AROUND ``PrefillAdder._get_running_request_total_token_offset``: a running request's future KV is capped
     by its eviction budget."""
     upstream = original(adder, req)
-    rt = runtime.current()
+    rt = process.current()
     if rt is None or rt.policy is None:
         return upstream
     remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
@@ -23,7 +23,7 @@ def cap_running_reservation(original, adder, req):
 def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):
     """AROUND ``PrefillAdder._update_prefill_budget``: a new request reserves for decode only what its eviction
     budget lets it keep beyond the prompt."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is not None and rt.policy is not None and max_new_tokens > 0:
         max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens)
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
@@ -38,7 +38,7 @@ def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
     ``ignore_eos`` is hidden for this call only: on the general path upstream reads the flag of running requests
     (their offsets), never that of the request being admitted."""
     sp = req.sampling_params
-    rt = runtime.current()
+    rt = process.current()
     if rt is None or not sp.ignore_eos or not rt.admission.capped:
         return original(adder, req, *args, **kwargs)
     sp.ignore_eos = False
@@ -51,7 +51,7 @@ def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
 def reclaim_before_retract(original, batch, *args, **kwargs):
     """AROUND ``ScheduleBatch.check_decode_mem``: before SGLang retracts, reclaim (regardless of theta)."""
     ok = original(batch, *args, **kwargs)
-    rt = runtime.current()
+    rt = process.current()
     if ok or rt is None or rt.reclaim_under_pressure() == 0:
         return ok
     return original(batch, *args, **kwargs)

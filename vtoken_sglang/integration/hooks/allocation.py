@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import tail_room
-from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.host_reads import host_array
 
 
@@ -20,7 +20,7 @@ def alloc_decode_slots(original, allocator, seq_lens, seq_lens_cpu, last_loc, *a
     """AROUND ``PagedTokenToKVPoolAllocator.alloc_decode``: one slot per request by the tail-page rule. Same
     contract as upstream: None when out of pages. Inside ``prepare_for_decode`` the rule is taken on the host
     mirrors (``RequestRows.needs_page``: no device read), elsewhere on ``last_loc``."""
-    rt = runtime.current()
+    rt = process.current()
     if args or kwargs or rt is None or rt.rows.n_managed == 0:  # every row dense: upstream's rule holds
         return original(allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs)
     P = allocator.page_size
@@ -48,7 +48,7 @@ def alloc_decode_slots(original, allocator, seq_lens, seq_lens_cpu, last_loc, *a
 def count_decode_pages(original, batch, selected_indices=None):
     """AROUND ``ScheduleBatch.new_tokens_required_next_decode``: count new pages by the tail-page rule (on the host
     mirrors)."""
-    rt = runtime.current()
+    rt = process.current()
     if not batch.spec_algorithm.is_none() or rt is None or rt.rows.n_managed == 0:
         return original(batch, selected_indices)
     reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
@@ -64,7 +64,7 @@ def count_decode_pages(original, batch, selected_indices=None):
 
 def release_request(original, req, tree_cache, *args, **kwargs):
     """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is not None and req.kv.req_pool_idx is not None:
         rt.rows.forget(req.kv.req_pool_idx)
         if rt.rows.is_managed(req.kv.req_pool_idx):
@@ -78,7 +78,7 @@ _PREPARING: dict = {}  # "rows": host row ids of the batch ``prepare_for_decode`
 def register_decode_slots(original, batch, *args, **kwargs):
     """AROUND ``ScheduleBatch.prepare_for_decode``: its slot allocation sees the batch's host rows; afterwards the
     new slot of every managed request is registered."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is None or not batch.spec_algorithm.is_none():
         return original(batch, *args, **kwargs)
     _PREPARING["rows"] = host_array(batch.req_pool_indices_cpu) if rt.rows.n_managed else None

@@ -8,7 +8,7 @@ import logging
 import torch
 
 from vtoken_sglang.debug_switches import SWITCHES
-from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.host_reads import uncounted
 from vtoken_sglang.integration.parts.score_link import batch_key
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
@@ -21,7 +21,7 @@ def begin_forward(ret, cls, batch, *args, **kwargs):
     policies learn what the forward is. With ``DebugSwitches.check_positions`` each decode batch's positions are
     checked against SGLang's own request bookkeeping (prompt length + generated tokens - 1, counting results the
     overlap scheduler has not processed yet), independently of the Token Table."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is None:
         return ret
     if rt.scores is not None:
@@ -64,7 +64,7 @@ def keep_scored_query(result, layer, q, k, v, forward_batch, *args, **kwargs):
     forward runs eagerly or is captured into a CUDA graph (whose replays then refill the buffers without this
     hook); a scored prefill copies out its window's rows. The keys are in the KV pool now; scores are computed
     after the forward."""
-    scorer = runtime.current_scorer()
+    scorer = process.current_scorer()
     if scorer is not None and layer.layer_id in scorer.layers:
         scorer.keep_query(
             layer.layer_id,

@@ -9,10 +9,11 @@ import os
 import torch
 
 from vtoken_sglang.debug_switches import SWITCHES
-from vtoken_sglang.integration import runtime
+from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.hook_timer import TIMER
 from vtoken_sglang.integration.observe.host_reads import HOST_READS
 from vtoken_sglang.integration.observe.metrics_export import PrometheusExporter, log_line
+from vtoken_sglang.integration.observe.runtime_metrics import metrics
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -22,7 +23,7 @@ def settle_at_idle(original, scheduler, *args, **kwargs):
     pending (SGLang's idle leak check runs inside). After it: log this rank's metrics once per burst of work (TP
     ranks are compared by it), bring the Prometheus series to their idle values, let the compaction worker's client
     check its health, write the score dump, and (fully idle) run the integrity check."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is None:
         return original(scheduler, *args, **kwargs)
     fully_idle = scheduler.is_fully_idle()  # on_idle itself neither admits nor runs anything
@@ -38,7 +39,7 @@ def _after_idle(rt, fully_idle: bool) -> None:
         from sglang.srt.runtime_context import get_parallel
 
         rt.logged_rounds = rt.stats.rounds
-        m = rt.metrics()
+        m = metrics(rt)
         logger.info("[vtoken] idle tp_rank=%d %s", get_parallel().tp_rank, m)
         if rt.exporter is not None:
             rt.exporter.update(m)
@@ -57,14 +58,14 @@ def log_decode_metrics(result, reporter, *args, **kwargs) -> None:
     """AFTER ``SchedulerMetricsReporter.report_decode_stats``: at the same cadence as SGLang's periodic decode
     log line (``--decode-log-interval``), a ``[vtoken]`` line beside it on the logging rank (with a policy that
     evicts), and the Prometheus series when metrics are enabled for this scheduler."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is None or reporter.forward_ct_decode % reporter.decode_log_interval != 0:
         return
     if not (reporter.is_stats_logging_rank or reporter.current_scheduler_metrics_enabled):
         return
     if rt.policy is None and not reporter.current_scheduler_metrics_enabled:
         return  # policy none evicts nothing: the line would repeat figures SGLang's own line has
-    m = rt.metrics()
+    m = metrics(rt)
     if reporter.is_stats_logging_rank:
         logger.info(log_line(m))
     if reporter.current_scheduler_metrics_enabled:
@@ -76,10 +77,10 @@ def log_decode_metrics(result, reporter, *args, **kwargs) -> None:
 def add_server_info(result, scheduler, *args, **kwargs):
     """AFTER ``Scheduler.get_internal_state``: vToken's metrics under ``"vtoken"`` (``/get_server_info`` shows
     them in ``internal_states``), with ``hook_ms`` per hook (not in the log lines: one entry per hook)."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is not None and isinstance(getattr(result, "internal_state", None), dict):
         result.internal_state["vtoken"] = {
-            **rt.metrics(),
+            **metrics(rt),
             "hook_ms_by_hook": {k: round(v, 3) for k, v in TIMER.by_hook.items()},
             **(
                 {"host_reads_by_hook": {k: dict(v) for k, v in HOST_READS.by_hook.items()}}

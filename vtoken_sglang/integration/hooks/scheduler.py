@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from vtoken_sglang.integration import runtime
+from vtoken_sglang.config import VTokenConfig
+from vtoken_sglang.integration import process
 from vtoken_sglang.integration.parts.score_link import make_scorer
+from vtoken_sglang.integration.parts.tp_group import TpGroup
 from vtoken_sglang.integration.runtime import VTokenRuntime
 from vtoken_sglang.integration.startup import model_support, options
+from vtoken_sglang.scoring import ScoreCollector
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -27,17 +30,47 @@ def build_runtime(original, scheduler, server_args, *args, **kwargs) -> None:
         model_support.refuse(reason)
     model_support.SERVING.update(model=model_support.model_name(model_config), context_len=model_config.context_len)
     scorer = make_scorer(options.current_config(server_args), model_config.num_attention_layers, server_args.device)
-    runtime.install(scorer=scorer)
+    process.install(scorer=scorer)
     original(scheduler, server_args, *args, **kwargs)
     cfg = options.current_config(scheduler.server_args)
-    rt = VTokenRuntime.from_scheduler(scheduler, cfg, scorer)
-    runtime.install(runtime=rt)
+    rt = runtime_over(scheduler, cfg, scorer)
+    process.install(runtime=rt)
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
     logger.info(
         "[vtoken] device memory: %.3f MB of metadata beside a KV pool of %.3f GB (%.3f%%)",
         rt.device_bytes / 2**20,
         rt.kv_pool_bytes / 2**30,
         100 * rt.device_bytes / max(rt.kv_pool_bytes, 1),
+    )
+
+
+def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None) -> VTokenRuntime:
+    """The runtime over a built SGLang scheduler's pools, tree, streams and TP group; raises ``SystemExit``
+    with one line if they are not what vToken can serve (a paged allocator over one K/V pool)."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+    allocator = scheduler.token_to_kv_pool_allocator
+    kv_pool = allocator.get_kvcache()
+    if type(allocator) is not PagedTokenToKVPoolAllocator or not hasattr(kv_pool, "k_buffer"):
+        raise SystemExit(
+            f"error: vToken needs SGLang's paged allocator over one K/V pool; this server built "
+            f"{type(allocator).__name__} over {type(kv_pool).__name__}"
+        )
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    tree = scheduler.tree_cache
+    on = not getattr(tree, "disable", True) and hasattr(tree, "tree_core")  # SGLang's UnifiedRadixCache, on
+    overlap = scheduler.enable_overlap
+    return VTokenRuntime(
+        cfg,
+        req_to_token,
+        allocator,
+        kv_pool,
+        tree=tree if on else None,
+        producer=scheduler.forward_stream if overlap and req_to_token.is_cuda else None,
+        tp=TpGroup.of_scheduler(),
+        prompt_in_tree=not scheduler.server_args.disable_radix_cache,
+        pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
+        scorer=scorer,
     )
 
 
@@ -58,7 +91,7 @@ def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **
     token is only known to have ended after this round (its extra victims change nothing it outputs). The round
     reads only the Token Table, the batch's rows and lengths, and the tree locks, none of which a pending result
     changes."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
     rt.after_decode(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
@@ -70,7 +103,7 @@ def recheck_after_prefill(result, scheduler, batch, *args, **kwargs) -> None:
     prebuilt batch: its requests join the decode batch), the next eviction round checks every row; after a prefill
     scored with a window (snapkv), rank the prompts (its window waited for its results, which the overlap scheduler
     processes after the next forward)."""
-    rt = runtime.current()
+    rt = process.current()
     if rt is None or batch is None or batch.forward_mode.is_decode():
         return
     rt.rows.recheck()

@@ -1,0 +1,39 @@
+"""``metrics(rt)``: one scheduler's vToken metrics as one flat dict, read by the log lines, ``/get_server_info`` and
+Prometheus: the pool's and table's state (one device read), the counters of every part, and the debug counts."""
+
+from __future__ import annotations
+
+import torch
+
+from vtoken_sglang.integration.observe.hook_timer import TIMER
+from vtoken_sglang.integration.observe.host_reads import HOST_READS
+
+
+def metrics(rt) -> dict:
+    """``rt``: the ``VTokenRuntime``."""
+    pool, table = rt.pool, rt.table
+    table.settle()
+    active = table.active
+    # one read: managed rows, their live tokens, private pages, the live tokens in those
+    rows, live, *occupancy = torch.cat(
+        [torch.stack([active.sum(), torch.where(active, table.live_len, 0).sum()]), pool.private_occupancy()]
+    ).tolist()
+    assert rt.rows.n_managed == rows, "managed-row count out of step with the Token Table"
+    return {
+        "live_tokens": live,
+        "allocated_pages": pool.used_pages(),
+        "fragmentation": round(pool.fragmentation(occupancy), 4),
+        "hook_ms": round(TIMER.ms, 3),
+        "requests_managed": rt.rows.requests_managed,
+        "resident_dead_tokens": pool.used_pages() * rt.page_size - occupancy[1],
+        "pending_pages": rt.reclaimer.pending_pages(),
+        "reserved_pages": pool.reserved_pages(),
+        "vtoken_device_bytes": rt.device_bytes,
+        "kv_pool_bytes": rt.kv_pool_bytes,
+        **rt.stats.as_dict(with_tree=rt.tree is not None),
+        **(rt.scores.metrics() if rt.scores is not None else {}),
+        **rt.reclaimer.stats.as_dict(),
+        **rt.plans.metrics(),
+        **HOST_READS.metrics(),
+        **(rt.cow.metrics() if rt.cow is not None else {}),
+    }
