@@ -1,24 +1,48 @@
 """An independent reference of what a vToken server's model saw: the same checkpoint in transformers, fed the
 server's tokens, with an attention mask hiding from each query exactly the tokens the server's victim log
-(``VTOKEN_SGLANG_VICTIM_LOG``) says were evicted before it, at their logical positions."""
+(``VTOKEN_SGLANG_VICTIM_LOG``) says were evicted before it, at their logical positions. A model with sliding
+layers gets, on those layers, the mask of its window by logical position as well (transformers applies no window
+of its own to a mask given whole)."""
 
 from __future__ import annotations
 
 import torch
 
 
-def masked_greedy(model, prompt: list[int], output: list[int], events: list[tuple[int, list[int]]]) -> list[int]:
+def masked_greedy(
+    model, prompt: list[int], output: list[int], events: list[tuple[int, list[int]]], decode_span: int | None = None
+) -> list[int]:
     """The model's greedy token after each prefix of ``prompt + output`` (teacher forcing), each query at logical
     position q hiding the positions evicted on the events ``(next_position, evicted)`` with next_position <= q.
-    One forward over the whole sequence gives each position the keys and values it had when it was decoded."""
+    One forward over the whole sequence gives each position the keys and values it had when it was decoded.
+    Sliding layers see, from a query at q, the keys above ``q - span``: ``span`` is the model's window for the
+    prompt's queries (the prefill) and ``decode_span`` (default: the window) for the decoded ones (SGLang's Triton
+    decode window is one position shorter than its prefill's)."""
     seq = prompt + output[:-1]
-    visible = torch.ones(len(seq), len(seq), dtype=torch.bool).tril()
+    n = len(seq)
+    visible = torch.ones(n, n, dtype=torch.bool).tril()
     for next_position, evicted in events:
         visible[next_position:, evicted] = False
-    mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
+    mask = _additive(visible)
+    window = sliding_window(model.config)
+    if window is not None:
+        q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        span = torch.where(q < len(prompt), window, decode_span or window)
+        mask = {"full_attention": mask, "sliding_attention": _additive(visible & (k > q - span))}
     with torch.no_grad():
         logits = model(torch.tensor([seq]), attention_mask=mask).logits[0]
     return logits[len(prompt) - 1 :].argmax(-1).tolist()
+
+
+def sliding_window(config) -> int | None:
+    """The window of the model's sliding layers (positions a query sees, itself included), or None."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return config.sliding_window
+    return None
+
+
+def _additive(visible: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
 
 
 def load(path: str):

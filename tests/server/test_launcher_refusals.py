@@ -6,7 +6,7 @@
 import json
 
 from conftest import PY, run_all
-from model_dirs import TINY_GEOMETRY, config_only_model
+from model_dirs import config_only_model
 
 from vtoken_sglang.integration.startup import manifest
 
@@ -19,36 +19,19 @@ def mamba_model(tiny_model: str, path) -> str:
     return config_only_model(tiny_model, path, cfg, "MambaForCausalLM")
 
 
-def gemma2_model(tiny_model: str, path) -> str:
-    """A Gemma-2 checkpoint directory with no weights: every other layer attends in a 64-token window, on one KV
-    pool (vToken refuses it while SGLang builds the model, before any weight is read)."""
-    from transformers import Gemma2Config
-
-    cfg = Gemma2Config(**TINY_GEOMETRY, head_dim=16, sliding_window=64, max_position_embeddings=512)
-    return config_only_model(tiny_model, path, cfg, "Gemma2ForCausalLM")
-
-
 def test_real_launcher_help_and_refusals(tiny_model, tmp_path):
     """The real ``python -m sglang.launch_server`` and the first ``sgl.Engine`` of a fresh process: the help lists
     vToken's flags, bad keywords are refused before anything starts; models vToken cannot serve are refused at start
     with one line (exit 2, as a bad flag: ``test_bad_cli_exits_with_one_line`` runs the launcher's own parsing in
-    this process): Mamba by its config in the launcher, Gemma-2's windowed layers in the scheduler, as SGLang builds
-    them (``sgl.Engine`` raises the same as a ``ConfigError``)."""
+    this process): Mamba by its config, in the scheduler before any weight loads. (A layer refused as SGLang
+    builds it, Gemma-2's window on FlashInfer, is ``unit/test_model_support``'s: SGLang's launcher needs FlashInfer
+    installed before any scheduler starts, and this CPU machine has none.)"""
     engine_script = (
         "import sglang as sgl\n"
         f"sgl.Engine(model_path={tiny_model!r}, enable_vtoken=True, vtoken_policy='tova', vtoken_budget=8)\n"
     )
     cpu = ["--enable-vtoken", "--device", "cpu", "--dtype", "float32"]
-    gemma2 = gemma2_model(tiny_model, tmp_path / "gemma2")
-    gemma2_engine = (
-        "import sglang as sgl\n"
-        "from vtoken_sglang.config import ConfigError\n"
-        "try:\n"
-        f"    sgl.Engine(model_path={gemma2!r}, enable_vtoken=True, device='cpu', dtype='float32')\n"
-        "except ConfigError as err:\n"
-        "    print('refused:', err)\n"
-    )
-    help_run, engine_run, mamba_run, gemma2_run, gemma2_engine_run = run_all(
+    help_run, engine_run, mamba_run = run_all(
         [
             [PY, "-m", "sglang.launch_server", "--help"],
             [PY, "-c", engine_script],
@@ -60,8 +43,6 @@ def test_real_launcher_help_and_refusals(tiny_model, tmp_path):
                 mamba_model(tiny_model, tmp_path / "mamba"),
                 *cpu,
             ],
-            [PY, "-m", "sglang.launch_server", "--model-path", gemma2, *cpu],
-            [PY, "-c", gemma2_engine],
         ]
     )
     assert help_run.returncode == 0
@@ -87,16 +68,6 @@ def test_real_launcher_help_and_refusals(tiny_model, tmp_path):
     assert errors == [
         "error: model MambaForCausalLM: hybrid mamba / linear-attention models are not supported with vToken"
     ]
-    assert gemma2_run.returncode == 2 and "Traceback" not in gemma2_run.stderr, gemma2_run.stderr[-2000:]
-    errors = [line for line in gemma2_run.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith(
-        "error: model Gemma2ForCausalLM: layer 0 attends in a sliding window of 63 tokens, shorter than the context"
-    ), errors
-    # sgl.Engine gets the scheduler's refusal as a ConfigError with the same line
-    assert gemma2_engine_run.returncode == 0, gemma2_engine_run.stderr[-2000:]
-    assert gemma2_engine_run.stdout.strip().startswith("refused: model Gemma2ForCausalLM: layer 0 attends"), (
-        gemma2_engine_run.stdout
-    )
 
 
 def test_launcher_refuses_to_run_vtoken_on_drift(tmp_path, tiny_model):

@@ -1,7 +1,8 @@
 """Which models vToken refuses before any weight loads (``integration.model_support``): by SGLang's own model
 config (M-RoPE, encoder-decoder), by each attention layer SGLang builds (a real ``RadixAttention``: a sliding window
-shorter than the context, cross-attention, chunked iRoPE), and by the KV layout (block-scaled dtypes, HND). The
-refusal through the real launcher, with one line, is in ``server/test_launcher_refusals``."""
+shorter than the context on a decode backend vToken does not window, cross-attention, chunked iRoPE), and by the
+KV layout (block-scaled dtypes, HND). The refusal through the real launcher, with one line, is in
+``server/test_launcher_refusals``."""
 
 import argparse
 
@@ -28,21 +29,27 @@ def test_models_refused_by_their_config(tiny_model, tmp_path):
     assert model_support.unsupported_model(ModelConfig(tiny_model)) is None
 
 
+WINDOW_REFUSED = "attends in a sliding window of 63 tokens, shorter than the context (512); vToken windows decode"
+
+
 @pytest.mark.parametrize(
-    "kwargs, refused",
+    "kwargs, backend, refused",
     [
-        ({"sliding_window_size": 63}, "attends in a sliding window of 63 tokens, shorter than the context (512)"),
-        ({"sliding_window_size": 512}, None),  # the window never excludes a token of this context
-        ({}, None),
-        ({"is_cross_attention": True}, "is a cross-attention layer"),
-        ({"use_irope": True}, "attends in chunks (iRoPE)"),
+        ({"sliding_window_size": 63}, "flashinfer", WINDOW_REFUSED),
+        ({"sliding_window_size": 63}, "torch_native", None),  # windowed by logical position (hooks.windows)
+        ({"sliding_window_size": 63}, "triton", None),
+        ({"sliding_window_size": 512}, "flashinfer", None),  # the window never excludes a token of this context
+        ({}, "flashinfer", None),
+        ({"is_cross_attention": True}, "torch_native", "is a cross-attention layer"),
+        ({"use_irope": True}, "triton", "attends in chunks (iRoPE)"),
     ],
 )
-def test_layers_refused_as_sglang_builds_them(monkeypatch, kwargs, refused):
+def test_layers_refused_as_sglang_builds_them(monkeypatch, kwargs, backend, refused):
     from sglang.srt.layers.radix_attention import RadixAttention
 
     monkeypatch.setitem(model_support.SERVING, "model", "Gemma2ForCausalLM")
     monkeypatch.setitem(model_support.SERVING, "context_len", 512)
+    monkeypatch.setitem(model_support.SERVING, "decode_backend", backend)
     layer = RadixAttention(4, 16, 0.25, 2, layer_id=3, **kwargs)
     reason = model_support.unsupported_layer(layer)
     if refused is None:

@@ -4,6 +4,7 @@ Built once per scheduler (``hooks.scheduler.build_runtime``), it owns one object
 - ``table`` (``core.token_table``) over SGLang's ``req_to_token``; ``pool`` (``page_bridge``): page accounting over
   SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
 - ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
+- ``windows`` (``windows``): sliding layers' decode windows by logical position, per forward;
 - ``scores`` (``score_link``): attention scores into the policy's state (score policies only);
 - ``cow`` (``prefix_cow``): copy-on-write of radix-tree prefix pages (radix cache and ``--vtoken-cow`` on);
 - ``plans`` (``plan_source``): the inline planner, or the compaction worker's plans;
@@ -61,6 +62,7 @@ from vtoken_sglang.integration.parts.prefix_cow import PrefixCow
 from vtoken_sglang.integration.parts.request_rows import RequestRows
 from vtoken_sglang.integration.parts.score_link import ScoreLink, make_scorer
 from vtoken_sglang.integration.parts.tp_group import TpGroup
+from vtoken_sglang.integration.parts.windows import SlidingWindows
 from vtoken_sglang.policies import make_policy
 from vtoken_sglang.scoring import ScoreCollector
 
@@ -125,6 +127,7 @@ class VTokenRuntime:
         )
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
+        self.windows = SlidingWindows(self.table)
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(

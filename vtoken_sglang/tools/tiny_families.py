@@ -4,9 +4,10 @@
 
 Contract (as ``tiny_model``, whose tokenizer every family shares):
 - each family is its transformers config class at the tiny model's text geometry (``TinyModelSpec``: hidden size,
-  layers, heads, KV heads, vocabulary), plus what makes the family itself (``FAMILIES``, 7 of them: Qwen2's QKV
-  bias, Qwen3's QK norms, Mistral without a sliding window, Gemma-2's sliding window and soft-capping, Mixtral's
-  and Qwen3-MoE's experts, Qwen2-MoE's experts and shared expert);
+  layers, heads, KV heads, vocabulary), plus what makes the family itself (``FAMILIES``, 9 of them: Qwen2's QKV
+  bias, Qwen3's QK norms, Mistral without a sliding window, Gemma-2's sliding window and soft-capping (and
+  ``gemma2_window``: a 16-token window, which short tests cross), Gemma-3's sliding and full layers (a 16-token
+  window), Mixtral's and Qwen3-MoE's experts, Qwen2-MoE's experts and shared expert);
 - weights drawn from one seeded ``torch.Generator`` in parameter-name order, stored as bf16: the same spec gives the
   same bytes on every machine with the same transformers;
 - cached per family and spec (a stamp; built in a temporary sibling and renamed, ``tiny_model.reuse_or_build``).
@@ -24,6 +25,16 @@ from pathlib import Path
 
 from vtoken_sglang.tools import tiny_model
 
+# what the Gemma families share (Gemma-2's window and soft-caps as its real checkpoints have them)
+_GEMMA = {
+    "head_dim": 32,
+    "query_pre_attn_scalar": 32,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_act": "gelu_pytorch_tanh",  # SGLang's Gemma-2 reads this older name
+    "tie_word_embeddings": True,  # SGLang's Gemma models always compute logits with the embedding
+}
 # family -> (architecture, transformers config class, what the family adds to the shared geometry)
 FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
@@ -41,6 +52,18 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "hidden_activation": "gelu_pytorch_tanh",
             "hidden_act": "gelu_pytorch_tanh",  # SGLang's Gemma-2 reads this older name
             "tie_word_embeddings": True,  # SGLang's Gemma-2 always computes logits with the embedding
+        },
+    ),
+    "gemma2_window": ("Gemma2ForCausalLM", "Gemma2Config", {**_GEMMA, "sliding_window": 16}),
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        "Gemma3TextConfig",
+        {
+            **_GEMMA,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
         },
     ),
     "mixtral": ("MixtralForCausalLM", "MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
@@ -68,11 +91,11 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
 }
 SPEC = tiny_model.TinyModelSpec()  # the geometry every family shares by default
 # parameters whose value multiplies as (1 + w) in the family's norms: drawn around 0, the others' norms are 1
-_OFFSET_NORMS = ("gemma2",)
+_OFFSET_NORMS = ("gemma2", "gemma2_window", "gemma3")
 # families that scale their input embeddings by sqrt(hidden size) and compute logits with the same (tied) matrix:
 # their embeddings are drawn that much smaller, or the residual stream is the input token's own embedding and
 # every greedy output repeats it
-_NORMALIZED_TIED_EMBEDDINGS = ("gemma2",)
+_NORMALIZED_TIED_EMBEDDINGS = ("gemma2", "gemma2_window", "gemma3")
 
 
 def family_config(family: str, spec: tiny_model.TinyModelSpec = SPEC, vocab_size: int = 0):

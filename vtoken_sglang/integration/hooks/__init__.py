@@ -1,7 +1,8 @@
 """The serving hooks: registered only in scheduler processes of a server started with ``--enable-vtoken``, each
 named by the job it does and kept in a module by the part of SGLang it hooks (``scheduler``, ``allocation``,
-``forward``, ``admission``, ``reporting``). Every hook reaches the runtime through ``process.current()``; every
-target is listed, fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other).
+``forward``, ``windows``, ``admission``, ``reporting``). Every hook reaches the runtime through
+``process.current()``; every target is listed, fingerprinted, in ``patches/manifest.json`` (a test holds the two to
+each other).
 
 ``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones
 registered only with a score-based policy (a Python call per attention layer per step is not free).
@@ -9,11 +10,12 @@ registered only with a score-based policy (a Python call per attention layer per
 
 from __future__ import annotations
 
-from vtoken_sglang.integration.hooks import admission, allocation, forward, reporting, scheduler
+from vtoken_sglang.integration.hooks import admission, allocation, forward, reporting, scheduler, windows
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+_ATTN = "sglang.srt.layers.attention"
 _REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 HOOKS = {
     f"{_SCHED}.__init__": ("AROUND", scheduler.build_runtime),
@@ -28,6 +30,11 @@ HOOKS = {
     f"{_BATCH}.prepare_for_decode": ("AROUND", allocation.register_decode_slots),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", allocation.release_request),
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", forward.begin_forward),
+    f"{_ATTN}.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode": (
+        "AROUND",
+        windows.torch_native_decode_window,
+    ),
+    f"{_ATTN}.triton_backend.update_sliding_window_buffer": ("AROUND", windows.triton_decode_window),
     f"{_ADDER}._get_running_request_total_token_offset": ("AROUND", admission.cap_running_reservation),
     f"{_ADDER}._update_prefill_budget": ("AROUND", admission.cap_new_reservation),
     f"{_ADDER}.add_one_req": ("AROUND", admission.admit_ignore_eos_by_budget),

@@ -18,9 +18,9 @@ logger = logging.getLogger("vtoken_sglang")
 
 def begin_forward(ret, cls, batch, *args, **kwargs):
     """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts; score
-    policies learn what the forward is. With ``DebugSwitches.check_positions`` each decode batch's positions are
-    checked against SGLang's own request bookkeeping (prompt length + generated tokens - 1, counting results the
-    overlap scheduler has not processed yet), independently of the Token Table."""
+    policies and sliding windows learn what the forward is. With ``DebugSwitches.check_positions`` each decode
+    batch's positions are checked against SGLang's own request bookkeeping (prompt length + generated tokens - 1,
+    counting results the overlap scheduler has not processed yet), independently of the Token Table."""
     rt = process.current()
     if rt is None:
         return ret
@@ -37,6 +37,7 @@ def begin_forward(ret, cls, batch, *args, **kwargs):
             )
         else:
             scorer.begin_forward(ret.forward_mode.is_decode())
+    rt.windows.begin(ret.forward_mode.is_decode())
     if ret.forward_mode.is_decode() and ret.positions is not None:
         if rt.rows.n_managed:  # unmanaged rows have offset 0
             ret.positions = ret.positions + rt.rows.position_offset(ret.req_pool_indices).to(ret.positions.dtype)

@@ -1,0 +1,59 @@
+"""Hooks on the backends' sliding windows: a sliding layer's decode window is taken by logical position
+(``parts.windows``), not as the last ``window`` entries of a compacted row, which would reach logically older
+tokens. Each hook takes upstream's path while no row is managed (every row dense: upstream's window is right)."""
+
+from __future__ import annotations
+
+from vtoken_sglang.integration import process
+
+
+def torch_native_decode_window(original, backend, *args, sliding_window_size=None, **kwargs):
+    """AROUND ``TorchNativeAttnBackend._run_sdpa_forward_decode``: for a sliding layer (a window of
+    ``sliding_window_size`` + 1 positions, the query's own included: upstream's mask), each request attends to its
+    row's suffix ``[start, start + w)``, through upstream's own per-request column offset (``encoder_lens`` with
+    ``is_cross_attn`` False) and no mask: one query sees every key of its suffix."""
+    rt = process.current()
+    if rt is None or rt.rows.n_managed == 0 or sliding_window_size is None or sliding_window_size < 0:
+        return original(backend, *args, sliding_window_size=sliding_window_size, **kwargs)
+    head, (req_pool_indices, seq_lens), rest = args[:5], args[5:7], args[7:]
+    encoder_lens = rest[0] if rest else kwargs.pop("encoder_lens", None)
+    if encoder_lens is not None or kwargs.get("is_cross_attn") or len(rest) > 1:
+        raise RuntimeError("vToken: a sliding decode layer with encoder lengths (cross-attention) is not supported")
+    w, start = rt.windows.suffix(req_pool_indices, seq_lens, sliding_window_size + 1)
+    return original(backend, *head, req_pool_indices, w, start, **{**kwargs, "is_cross_attn": False})
+
+
+class _FromStart:
+    """A KV index translator whose reads start at vToken's window starts (every other attribute is the
+    translator's own)."""
+
+    def __init__(self, translator, start):
+        self._translator, self._start = translator, start
+
+    def __getattr__(self, name):
+        return getattr(self._translator, name)
+
+    def pack_read_stream(self, plan, **kwargs):
+        kwargs["kv_start_idx"] = self._start
+        return self._translator.pack_read_stream(plan, **kwargs)
+
+
+def triton_decode_window(
+    original, window_kv_indptr, translator, plan, req_pool_indices, sliding_window_size, seq_lens, *args, **kwargs
+):
+    """AROUND ``triton_backend.update_sliding_window_buffer`` (the eager decode path and every CUDA-graph replay's
+    metadata step call it): in a decode forward, the window of each request is its row's suffix of ``w`` entries
+    within ``sliding_window_size`` logical positions (upstream's Triton decode span), so lengths and indptr
+    are ``w`` (at most the window: a captured graph's index buffer holds them) and the gather starts at ``start``.
+    Upstream's body runs with ``w`` as the lengths (its clamp then changes nothing) and a translator whose gather
+    starts at ``start``; its returned starts are replaced by ours."""
+    rt = process.current()
+    if rt is None or rt.rows.n_managed == 0 or not rt.windows.decoding:
+        return original(
+            window_kv_indptr, translator, plan, req_pool_indices, sliding_window_size, seq_lens, *args, **kwargs
+        )
+    w, start = rt.windows.suffix(req_pool_indices, seq_lens, sliding_window_size)
+    indptr, indices, lens, _ = original(
+        window_kv_indptr, _FromStart(translator, start), plan, req_pool_indices, sliding_window_size, w, *args, **kwargs
+    )
+    return indptr, indices, lens, start
