@@ -57,6 +57,14 @@ def smollm2() -> str:
     return str(build("smollm2"))
 
 
+@pytest.fixture(scope="session")
+def gemma3() -> str:
+    """Gemma-3-270M, float32, built from its registry package's GGUF (``vtoken_sglang.tools.pretrained``)."""
+    from vtoken_sglang.tools.pretrained import build
+
+    return str(build("gemma3"))
+
+
 def run_all(
     commands: list[list[str]], timeout: float = 300, env: dict | None = None
 ) -> list[subprocess.CompletedProcess]:

@@ -2,14 +2,14 @@
 
 Each family's server evicts with the streaming policy (4 sinks, 16 recent tokens, a budget of 32 against prompts up
 to 70 tokens) and reclaims (late fences, from conftest); its victim log (``integration.victim_log``) says which
-logical positions each request dropped and from which query on. The reference is the same checkpoint in
-transformers, fed the server's tokens, with an attention mask that hides from each query exactly the tokens
-evicted before it, at their logical positions: its greedy choice must be the server's token at every step. A
-request that stays under budget is compared with the unmasked model (vToken installed, nothing evicted). The
-families' own parts run in both: QKV bias (Qwen2), QK norms (Qwen3), soft-capping and (1 + w) norms (Gemma-2),
-experts (Mixtral, Qwen3-MoE). LLaMA is checked the same way in ``test_integration`` (random victims, relocation,
-the overlap scheduler, a shared prompt prefix); SGLang serves Mistral checkpoints with its LLaMA model class.
-Which families vToken refuses, and why, is ``test_model_support``."""
+logical positions each request dropped and from which query on. The reference is the same checkpoint in transformers,
+fed the server's tokens, with an attention mask that hides from each query exactly the tokens evicted before it, at
+their logical positions: its greedy choice must be the server's token at every step. A request that stays under
+budget is compared with the unmasked model (vToken installed, nothing evicted). The families' own parts run in both:
+QKV bias (Qwen2), QK norms (Qwen3), experts (Mixtral, Qwen3-MoE). Gemma-2 and Gemma-3 (soft-capping, (1 + w) norms,
+sliding windows crossed under eviction) are ``test_sliding_windows``'s. LLaMA is checked the same way in
+``test_integration`` (random victims, relocation, the overlap scheduler, a shared prompt prefix); SGLang serves
+Mistral checkpoints with its LLaMA model class. Which families vToken refuses, and why, is ``test_model_support``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from masked_reference import load, masked_greedy
 
 from vtoken_sglang.tools import launcher, tiny_families
 
-FAMILIES = ("qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe")
+FAMILIES = ("qwen2", "qwen3", "mixtral", "qwen3_moe")
 SINKS, RECENT, BUDGET = 4, 16, 32
 PROMPT_LENS = (12, 41, 57, 70)
 NEW_TOKENS = (16, 48, 48, 48)  # the first request stays under budget (+ slack) for its whole life
