@@ -10,14 +10,20 @@ import torch
 
 
 def masked_greedy(
-    model, prompt: list[int], output: list[int], events: list[tuple[int, list[int]]], decode_span: int | None = None
+    model,
+    prompt: list[int],
+    output: list[int],
+    events: list[tuple[int, list[int]]],
+    decode_span: int | None = None,
+    **inputs,
 ) -> list[int]:
     """The model's greedy token after each prefix of ``prompt + output`` (teacher forcing), each query at logical
     position q hiding the positions evicted on the events ``(next_position, evicted)`` with next_position <= q.
     One forward over the whole sequence gives each position the keys and values it had when it was decoded.
     Sliding layers see, from a query at q, the keys above ``q - span``: ``span`` is the model's window for the
     prompt's queries (the prefill) and ``decode_span`` (default: the window) for the decoded ones (SGLang's Triton
-    decode window is one position shorter than its prefill's)."""
+    decode window is one position shorter than its prefill's). ``inputs`` go to the forward as they are (an image's
+    pixels, M-RoPE position ids over the whole sequence)."""
     seq = prompt + output[:-1]
     n = len(seq)
     visible = torch.ones(n, n, dtype=torch.bool).tril()
@@ -30,7 +36,7 @@ def masked_greedy(
         span = torch.where(q < len(prompt), window, decode_span or window)
         mask = {"full_attention": mask, "sliding_attention": _additive(visible & (k > q - span))}
     with torch.no_grad():
-        logits = model(torch.tensor([seq]), attention_mask=mask).logits[0]
+        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, **inputs).logits[0]
     return logits[len(prompt) - 1 :].argmax(-1).tolist()
 
 

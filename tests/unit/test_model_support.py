@@ -1,7 +1,7 @@
-"""Which models vToken refuses before any weight loads (``integration.model_support``): by SGLang's own model
-config (M-RoPE, encoder-decoder), by each attention layer SGLang builds (a real ``RadixAttention``: a sliding window
-shorter than the context on a decode backend vToken does not window, cross-attention, chunked iRoPE), and by the
-KV layout (block-scaled dtypes, HND). The refusal through the real launcher, with one line, is in
+"""Which models vToken refuses before any weight loads (``integration.model_support``): by SGLang's own model config
+(encoder-decoder; M-RoPE is served), by each attention layer SGLang builds (a real ``RadixAttention``: a sliding
+window shorter than the context on a decode backend vToken does not window, cross-attention, chunked iRoPE), and by
+the KV layout (block-scaled dtypes, HND). The refusal through the real launcher, with one line, is in
 ``server/test_launcher_refusals``."""
 
 import argparse
@@ -20,9 +20,7 @@ def test_models_refused_by_their_config(tiny_model, tmp_path):
     qwen_vl = config_only_model(tiny_model, tmp_path / "qwen2vl", mrope, "Qwen2VLForConditionalGeneration")
     whisper_cfg = WhisperConfig(vocab_size=2048, d_model=64, encoder_layers=1, decoder_layers=1)
     whisper = config_only_model(tiny_model, tmp_path / "whisper", whisper_cfg, "WhisperForConditionalGeneration")
-    assert model_support.unsupported_model(ModelConfig(qwen_vl)).startswith(
-        "model Qwen2VLForConditionalGeneration: M-RoPE (multimodal rotary positions) is not supported"
-    )
+    assert model_support.unsupported_model(ModelConfig(qwen_vl)) is None  # M-RoPE: served (server/test_mrope)
     assert model_support.unsupported_model(ModelConfig(whisper)) == (
         "model WhisperForConditionalGeneration: encoder-decoder models are not supported with vToken"
     )

@@ -4,10 +4,14 @@
 
 Contract (as ``tiny_model``, whose tokenizer every family shares):
 - each family is its transformers config class at the tiny model's text geometry (``TinyModelSpec``: hidden size,
-  layers, heads, KV heads, vocabulary), plus what makes the family itself (``FAMILIES``, 9 of them: Qwen2's QKV
+  layers, heads, KV heads, vocabulary), plus what makes the family itself (``FAMILIES``, 10 of them: Qwen2's QKV
   bias, Qwen3's QK norms, Mistral without a sliding window, Gemma-2's sliding window and soft-capping (and
   ``gemma2_window``: a 16-token window, which short tests cross), Gemma-3's sliding and full layers (a 16-token
-  window), Mixtral's and Qwen3-MoE's experts, Qwen2-MoE's experts and shared expert);
+  window), Mixtral's and Qwen3-MoE's experts, Qwen2-MoE's experts and shared expert, Qwen2-VL's M-RoPE and a
+  one-block vision tower);
+- a vision family (``_VISION``) adds its special tokens to the shared tokenizer (ids after its vocabulary) and
+  writes the files ``AutoProcessor`` reads (image processor: 56x56 pixels at least, so a 56x56 image is 4 tokens,
+  as SGLang's own minimum for Qwen2-VL; 112x112 at most in transformers, SGLang serves up to its own maximum);
 - weights drawn from one seeded ``torch.Generator`` in parameter-name order, stored as bf16: the same spec gives the
   same bytes on every machine with the same transformers;
 - cached per family and spec (a stamp; built in a temporary sibling and renamed, ``tiny_model.reuse_or_build``).
@@ -15,6 +19,7 @@ Contract (as ``tiny_model``, whose tokenizer every family shares):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -88,6 +93,24 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "shared_expert_intermediate_size": 96,
         },
     ),
+    "qwen2_vl": (
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2VLConfig",
+        {
+            "rms_norm_eps": 1e-6,  # SGLang's vision LayerNorms take this eps; transformers' are 1e-6
+            "rope_parameters": {"rope_type": "default", "mrope_section": [4, 6, 6]},  # sums to head_dim / 2
+            "vision_config": {  # its hidden_size (the merger's output) is the text's, set by family_config
+                "depth": 1,
+                "embed_dim": 32,
+                "num_heads": 2,
+                "mlp_ratio": 4,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "in_chans": 3,  # SGLang reads this older name of in_channels
+            },
+        },
+    ),
 }
 SPEC = tiny_model.TinyModelSpec()  # the geometry every family shares by default
 # parameters whose value multiplies as (1 + w) in the family's norms: drawn around 0, the others' norms are 1
@@ -96,6 +119,18 @@ _OFFSET_NORMS = ("gemma2", "gemma2_window", "gemma3")
 # their embeddings are drawn that much smaller, or the residual stream is the input token's own embedding and
 # every greedy output repeats it
 _NORMALIZED_TIED_EMBEDDINGS = ("gemma2", "gemma2_window", "gemma3")
+# vision families -> their special tokens (appended to the shared tokenizer, in this order) and image processor
+_VISION: dict[str, dict] = {
+    "qwen2_vl": {
+        "tokens": {
+            "vision_start_token_id": "<|vision_start|>",
+            "vision_end_token_id": "<|vision_end|>",
+            "image_token_id": "<|image_pad|>",
+            "video_token_id": "<|video_pad|>",
+        },
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
+    },
+}
 
 
 def family_config(family: str, spec: tiny_model.TinyModelSpec = SPEC, vocab_size: int = 0):
@@ -103,6 +138,9 @@ def family_config(family: str, spec: tiny_model.TinyModelSpec = SPEC, vocab_size
     import transformers
 
     arch, cls, extra = FAMILIES[family]
+    extra = copy.deepcopy(extra)  # transformers fills the dicts it is given (rope_theta into rope_parameters)
+    if "vision_config" in extra:
+        extra["vision_config"]["hidden_size"] = spec.hidden_size
     cfg = getattr(transformers, cls)(
         vocab_size=max(vocab_size, spec.vocab_size),
         hidden_size=spec.hidden_size,
@@ -133,6 +171,8 @@ def _digest(family: str, spec: tiny_model.TinyModelSpec) -> str:
         "spec": dataclasses.asdict(spec),
         "draw": [family in _OFFSET_NORMS, family in _NORMALIZED_TIED_EMBEDDINGS],
     }
+    if family in _VISION:  # only there, so the other families' digests stay what they were
+        key["vision"] = _VISION[family]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -147,30 +187,57 @@ def build(family: str, out_dir: str | os.PathLike | None = None, spec: tiny_mode
 
 def _write(family: str, spec: tiny_model.TinyModelSpec, tmp: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     llama = tiny_model.build(spec=spec)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         if (llama / name).is_file():
             shutil.copy(llama / name, tmp / name)
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
+    if family in _VISION:
+        token_ids = _write_processor(_VISION[family], llama, tmp)
+        vocab = max(vocab, max(token_ids.values()) + 1)
     cfg = family_config(family, spec, vocab)
+    auto = AutoModelForCausalLM
+    if family in _VISION:
+        for attr, token_id in token_ids.items():
+            setattr(cfg, attr, token_id)
+        auto = AutoModelForImageTextToText
+    norms = ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight") if family in _VISION else ("norm.weight",)
     with torch.device("meta"):
-        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}  # tied: once
+        shapes = {n: p.shape for n, p in auto.from_config(cfg).named_parameters()}  # tied: once
     gen = torch.Generator().manual_seed(spec.seed)
     state = {}
     for name in sorted(shapes):
-        if name.endswith("norm.weight") and family not in _OFFSET_NORMS:
+        if name.endswith(norms) and family not in _OFFSET_NORMS:
             state[name] = torch.ones(shapes[name])
         else:
             state[name] = torch.randn(shapes[name], generator=gen) * spec.init_std
         if name.endswith("embed_tokens.weight") and family in _NORMALIZED_TIED_EMBEDDINGS:
             state[name] /= spec.hidden_size**0.5
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = auto.from_config(cfg, dtype=torch.bfloat16)
     missing, unexpected = model.load_state_dict({n: t.to(torch.bfloat16) for n, t in state.items()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"} and (not missing or cfg.tie_word_embeddings)
     model.tie_weights()
     model.save_pretrained(tmp, safe_serialization=True)
+
+
+def _write_processor(vision: dict, llama: Path, tmp: Path) -> dict[str, int]:
+    """The shared tokenizer plus ``vision``'s special tokens, and the processor's files, into ``tmp``: the config
+    attributes naming the tokens -> their ids."""
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    tok = AutoTokenizer.from_pretrained(llama)
+    tok.add_special_tokens({"additional_special_tokens": list(vision["tokens"].values())})
+    size = vision["size"]
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size),
+        tokenizer=tok,
+        video_processor=Qwen2VLVideoProcessor(size=size),
+        chat_template=tok.chat_template,
+    )
+    processor.save_pretrained(tmp)
+    return {attr: tok.convert_tokens_to_ids(token) for attr, token in vision["tokens"].items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from vtoken_sglang.integration.hooks import admission, allocation, forward, repo
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+_FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
 _ATTN = "sglang.srt.layers.attention"
 _REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 HOOKS = {
@@ -29,7 +30,8 @@ HOOKS = {
     f"{_BATCH}.new_tokens_required_next_decode": ("AROUND", allocation.count_decode_pages),
     f"{_BATCH}.prepare_for_decode": ("AROUND", allocation.register_decode_slots),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", allocation.release_request),
-    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": ("AFTER", forward.begin_forward),
+    f"{_FORWARD_BATCH}.init_new": ("AFTER", forward.begin_forward),
+    f"{_FORWARD_BATCH}._compute_mrope_positions_decode": ("AROUND", forward.mrope_decode_positions),
     f"{_ATTN}.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode": (
         "AROUND",
         windows.torch_native_decode_window,

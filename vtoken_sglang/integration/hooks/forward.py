@@ -1,5 +1,5 @@
-"""Hooks on the forward: decode positions are logical positions (RoPE), not live counts; a score policy's
-collector learns what each forward is and keeps its scored layers' queries."""
+"""Hooks on the forward: decode positions are logical positions (RoPE and M-RoPE), not live counts; a score
+policy's collector learns what each forward is and keeps its scored layers' queries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from vtoken_sglang.debug_switches import SWITCHES
 from vtoken_sglang.integration import process
-from vtoken_sglang.integration.observe.host_reads import uncounted
+from vtoken_sglang.integration.observe.host_reads import host_array, uncounted
 from vtoken_sglang.integration.parts.score_link import batch_key
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
 
@@ -45,6 +45,26 @@ def begin_forward(ret, cls, batch, *args, **kwargs):
             with uncounted():
                 _check_positions(rt, batch, ret.positions)
     return ret
+
+
+def mrope_decode_positions(original, forward_batch, model_runner, batch) -> None:
+    """AROUND ``ForwardBatch._compute_mrope_positions_decode``: M-RoPE decode positions from each request's
+    logical length. Upstream derives them from the live lengths (``seq_lens - 1``, plus the request's
+    ``mrope_position_delta`` with an image, or a model's precomputed positions indexed by length); this runs it on the
+    logical lengths (device: the rows' offsets; host: their mirror, no device read) and restores the live ones.
+    Swapping the lengths before upstream's branches, not offsetting its result, keeps its choice between them right:
+    a compacted row's live length may fall inside a prompt whose positions a model precomputed."""
+    rt = process.current()
+    if rt is None or rt.rows.n_managed == 0:
+        return original(forward_batch, model_runner, batch)
+    live, live_cpu = forward_batch.seq_lens, forward_batch.seq_lens_cpu
+    host_offset = rt.rows.host_offset[host_array(batch.req_pool_indices_cpu)]
+    try:
+        forward_batch.seq_lens = live + rt.rows.position_offset(forward_batch.req_pool_indices).to(live.dtype)
+        forward_batch.seq_lens_cpu = live_cpu + torch.from_numpy(host_offset).to(live_cpu.dtype)
+        return original(forward_batch, model_runner, batch)
+    finally:
+        forward_batch.seq_lens, forward_batch.seq_lens_cpu = live, live_cpu
 
 
 def _check_positions(rt, batch, positions: torch.Tensor) -> None:

@@ -8,7 +8,6 @@ SGLang itself says of the model (its ``ModelConfig``) or of each attention layer
 
 - recurrent state (mamba, linear attention), a separate sliding-window pool, MLA latents: not a K/V page pool;
 - encoder-decoder models and cross-attention layers: the decoder reads its row after the encoder's entries;
-- M-RoPE (Qwen2-VL and later): decode positions are rebuilt from live lengths where vToken does not offset them;
 - a layer that attends in a sliding window shorter than the context on a decode backend whose window vToken does
   not take by logical position (``WINDOWED_DECODE_BACKENDS``: FlashInfer takes it as the last entries of the row,
   which on a compacted row reach logically older tokens), or in chunks (``use_irope``);
@@ -48,11 +47,6 @@ def unsupported_model(model_config) -> str | None:
         return f"model {arch}: MLA (latent KV) models are not supported with vToken yet"
     if model_config.is_encoder_decoder:
         return f"model {arch}: encoder-decoder models are not supported with vToken"
-    if getattr(model_config, "model_is_mrope", False):
-        return (
-            f"model {arch}: M-RoPE (multimodal rotary positions) is not supported with vToken yet (decode positions "
-            "would come from live lengths, not logical ones)"
-        )
     return None
 
 
