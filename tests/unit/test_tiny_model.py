@@ -62,7 +62,9 @@ def test_cli_prints_directory(tmp_path, capsys):
     assert json.loads((tmp_path / "cli" / STAMP).read_text())["digest"] == TinyModelSpec().digest()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma2", "mixtral", "qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize(
+    "family", ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe"]
+)
 def test_family_builds_bit_for_bit_and_is_what_it_says(family, tmp_path):
     """Each family's tiny model: the same bytes from two builds, reused when there, loaded by transformers as its
     architecture with the family's own parts, and taken by SGLang's model config and registry as servable."""
@@ -93,6 +95,8 @@ def test_family_builds_bit_for_bit_and_is_what_it_says(family, tmp_path):
     if family == "gemma2":
         assert model.config.attn_logit_softcapping == 50.0 and model.config.sliding_window == 4096
         assert model.config.tie_word_embeddings and "lm_head.weight" not in names  # as SGLang's Gemma-2 computes
+    if family == "gemma3":
+        assert model.config.sliding_window == 16 and model.config.layer_types == ["sliding_attention", "full_attention"]
     ids = torch.tensor([[5, 6, 7, 8]])
     assert model.generate(ids, max_new_tokens=4, do_sample=False).tolist() == (
         AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32)

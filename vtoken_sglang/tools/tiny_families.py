@@ -45,20 +45,8 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 32}),
     "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": None}),
-    "gemma2": (
-        "Gemma2ForCausalLM",
-        "Gemma2Config",
-        {
-            "head_dim": 32,
-            "query_pre_attn_scalar": 32,
-            "sliding_window": 4096,  # SGLang attends to the last 4095: serve with --context-length <= 4095
-            "attn_logit_softcapping": 50.0,
-            "final_logit_softcapping": 30.0,
-            "hidden_activation": "gelu_pytorch_tanh",
-            "hidden_act": "gelu_pytorch_tanh",  # SGLang's Gemma-2 reads this older name
-            "tie_word_embeddings": True,  # SGLang's Gemma-2 always computes logits with the embedding
-        },
-    ),
+    # a window no short load crosses (SGLang attends to the last 4095); ``gemma2_window``'s is crossed
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {**_GEMMA, "sliding_window": 4096}),
     "gemma2_window": ("Gemma2ForCausalLM", "Gemma2Config", {**_GEMMA, "sliding_window": 16}),
     "gemma3": (
         "Gemma3ForCausalLM",
