@@ -111,6 +111,8 @@ def test_mrope_decode_positions_are_logical(mrope_run):
     assert [e != [] for e in r["events"]] == [True, False, True], [len(e) for e in r["events"]]
     model = Qwen2VLForConditionalGeneration.from_pretrained(r["path"], dtype=torch.float32, attn_implementation="eager")
     processor = AutoProcessor.from_pretrained(r["path"])
+    image_positions = {j for j, t in enumerate(r["prompts"][2]) if t == model.config.image_token_id}
+    assert len(image_positions) == 4 and image_positions & {p for _, gone in r["events"][2] for p in gone}
     changed = 0
     for i, (prompt, output, events) in enumerate(zip(r["prompts"], r["outputs"], r["events"])):
         assert len(output) == NEW_TOKENS[i]

@@ -77,12 +77,13 @@ def test_gemma3_equals_transformers_masked_by_victims_and_window(gemma3_runs, re
     assert m["tokens_evicted"] > 0, m
     window = sliding_window(reference.config)
     assert window == 512 and all(len(p) > window for p in r["prompts"])
-    changed = 0
+    changed = False
     for i, (prompt, output, events) in enumerate(zip(r["prompts"], r["outputs"], r["events"])):
         assert len(output) == NEW_TOKENS
         want = masked_greedy(reference, prompt, output, events)
         assert output == want, f"request {i} ({len(prompt)} prompt tokens): server {output} vs transformers {want}"
-        changed += events != [] and masked_greedy(reference, prompt, output, []) != output
+        # one request that eviction changed is enough (each unmasked forward costs a long prompt's)
+        changed = changed or (events != [] and masked_greedy(reference, prompt, output, []) != output)
     if name.startswith("h2o"):
         assert r["events"][0] == [] and all(r["events"][1:]), [len(e) for e in r["events"]]
         # the victims are prompt tokens in the radix tree's pages: the rows move onto private copies of them

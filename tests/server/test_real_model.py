@@ -94,13 +94,14 @@ def test_real_model_equals_transformers_with_the_evicted_tokens_masked(real_runs
     assert m["tokens_evicted"] > 0, m
     if policy != "streaming":  # streaming's victims here are the prompt's tokens, in the tree's pages
         assert m["tokens_moved"] > 0 and m["pages_reclaimed"] > 0, m  # relocation ran
-    changed = 0
+    changed = False
     for i, (prompt, output, events) in enumerate(zip(r["prompts"], r["outputs"], r["events"])):
         assert len(output) == NEW_TOKENS[i]
         assert (events == []) == (len(prompt) + NEW_TOKENS[i] <= BUDGET), (i, len(prompt), events)
         want = masked_greedy(reference, prompt, output, events)
         assert output == want, f"request {i} ({len(prompt)} prompt tokens): server {output} vs transformers {want}"
-        changed += events != [] and masked_greedy(reference, prompt, output, []) != output
+        # one request that eviction changed is enough (each unmasked forward costs a long prompt's)
+        changed = changed or (events != [] and masked_greedy(reference, prompt, output, []) != output)
     assert changed, "eviction changed no output: the masked reference would not see a wrong mask"
 
 

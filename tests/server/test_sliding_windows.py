@@ -79,6 +79,9 @@ def test_sliding_windows_by_logical_position_equal_transformers(window_runs, nam
     m = r["vtoken"]
     assert "integrity check failed" not in r["log"] and m["position_mismatches"] == 0, r["log"][-3000:]
     assert m["tokens_evicted"] > 0 and m["tokens_moved"] > 0 and m["pages_reclaimed"] > 0, m  # relocation ran
+    if r["backend"] == "triton":  # h2o's scores from vToken's Triton kernel, interpreted, every decode step
+        assert "[vtoken] scoring with the Triton kernel (interpreted)" in r["log"]
+        assert m["steps_scored"] > 0 and m["steps_unscored"] == 0, m
     model = load(r["path"])
     window = sliding_window(model.config)
     assert window == 16 and max(PROMPT_LENS) > window
