@@ -8,7 +8,7 @@ The reference is the same checkpoint in transformers, fed the server's tokens, w
 token must be the server's at every step. Budgets below the window (every in-window token of a request can be
 evicted) and above it (the window reaches past evicted tokens), prompts longer than the window, a request that
 stays under budget for its whole life (compared with the unmasked model, across the window), relocation and
-late fences (conftest) on. The real Gemma-3-270M is ``test_real_model``'s."""
+late fences (conftest) on. The real Gemma-3-270M is ``test_real_gemma3``'s."""
 
 import pytest
 import torch
