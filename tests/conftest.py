@@ -156,3 +156,26 @@ def idle_states(server, ranks: int = 1, timeout: float = 60) -> list[dict]:
         if (len(states) == ranks and all(s["live_tokens"] == 0 for s in states)) or time.monotonic() > deadline:
             return states
         time.sleep(1)
+
+
+def greedy_with_victims(server, name: str, ids: list[list[int]], new_tokens, victims: Path, **request) -> dict:
+    """One greedy batch of ``ids`` (``new_tokens`` each, or per prompt; ``ignore_eos``) on a server whose victim log
+    is ``victims``, the requests named ``name-0``, ``name-1``, ...: {prompts, outputs, events (per prompt: what the
+    log says each evicted), meta (per prompt), vtoken (the scheduler's state), log}. ``request``: more fields of the
+    request (``image_data``)."""
+    from vtoken_sglang.integration.observe import victim_log
+
+    rids = [f"{name}-{i}" for i in range(len(ids))]
+    counts = new_tokens if isinstance(new_tokens, (list, tuple)) else [new_tokens] * len(ids)
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in counts]
+    body = {"input_ids": ids, "rid": rids, "sampling_params": params, **request}
+    out = server.post("/generate", body, timeout=900)
+    events = victim_log.read(victims)
+    return {
+        "prompts": ids,
+        "outputs": [o["output_ids"] for o in out],
+        "events": [events.get(rid, []) for rid in rids],
+        "meta": [o["meta_info"] for o in out],
+        "vtoken": server.get("/get_server_info")["internal_states"][0]["vtoken"],
+        "log": server.log_text(),
+    }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import STRICT, on_servers
+from conftest import STRICT, greedy_with_victims, on_servers
 from masked_reference import load, masked_greedy
 
 from vtoken_sglang.tools import launcher, tiny_families
@@ -56,22 +56,9 @@ def family_runs(tiny_model, tmp_path_factory):
     def run(family, server):
         from transformers import AutoConfig
 
-        from vtoken_sglang.integration.observe import victim_log
-
         ids = prompts(AutoConfig.from_pretrained(paths[family]).vocab_size)
-        rids = [f"{family}-{i}" for i in range(len(ids))]
-        params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in NEW_TOKENS]
-        out = server.post("/generate", {"input_ids": ids, "rid": rids, "sampling_params": params})
-        events = victim_log.read(logs / f"{family}.jsonl")
-        info = server.get("/get_server_info")
-        return {
-            "path": paths[family],
-            "prompts": ids,
-            "outputs": [o["output_ids"] for o in out],
-            "events": [events.get(rid, []) for rid in rids],
-            "vtoken": info["internal_states"][0]["vtoken"],
-            "log": server.log_text(),
-        }
+        got = greedy_with_victims(server, family, ids, NEW_TOKENS, logs / f"{family}.jsonl")
+        return {**got, "path": paths[family]}
 
     return on_servers(servers, run)
 

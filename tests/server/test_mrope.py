@@ -12,7 +12,7 @@ import io
 
 import pytest
 import torch
-from conftest import STRICT, on_servers
+from conftest import STRICT, greedy_with_victims, on_servers
 from masked_reference import masked_greedy
 
 from vtoken_sglang.tools import launcher, tiny_families
@@ -40,10 +40,8 @@ def data_url(img) -> str:
 
 @pytest.fixture(scope="module")
 def mrope_run(tmp_path_factory):
-    """{path, prompts (the server's token ids, the image's expanded), outputs, events, vtoken metrics, log}."""
+    """{path, prompts (the server's token ids, the image's expanded), outputs, events, meta, vtoken metrics, log}."""
     from transformers import AutoProcessor
-
-    from vtoken_sglang.integration.observe import victim_log
 
     path = str(tiny_families.build("qwen2_vl"))
     log = tmp_path_factory.mktemp("victims") / "qwen2_vl.jsonl"
@@ -58,23 +56,9 @@ def mrope_run(tmp_path_factory):
     expanded = processor(text=[IMAGE_PROMPT], images=[image()], return_tensors="pt")["input_ids"][0].tolist()
 
     def run(name, s):
-        rids = [f"mrope-{i}" for i in range(3)]
-        params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in NEW_TOKENS]
         ids = [*texts, processor.tokenizer(IMAGE_PROMPT)["input_ids"]]
-        out = s.post(
-            "/generate",
-            {"input_ids": ids, "image_data": [None, None, data_url(image())], "rid": rids, "sampling_params": params},
-        )
-        events = victim_log.read(log)
-        return {
-            "path": path,
-            "prompts": [*texts, expanded],
-            "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in out],
-            "outputs": [o["output_ids"] for o in out],
-            "events": [events.get(rid, []) for rid in rids],
-            "vtoken": s.get("/get_server_info")["internal_states"][0]["vtoken"],
-            "log": s.log_text(),
-        }
+        got = greedy_with_victims(s, name, ids, NEW_TOKENS, log, image_data=[None, None, data_url(image())])
+        return {**got, "path": path, "prompts": [*texts, expanded]}
 
     return on_servers({"qwen2_vl": server}, run)["qwen2_vl"]
 
@@ -107,7 +91,9 @@ def test_mrope_decode_positions_are_logical(mrope_run):
     m = r["vtoken"]
     assert "integrity check failed" not in r["log"] and m["position_mismatches"] == 0, r["log"][-3000:]
     assert m["tokens_evicted"] > 0 and m["tokens_moved"] > 0 and m["pages_reclaimed"] > 0, m  # relocation ran
-    assert r["prompt_tokens"] == [len(p) for p in r["prompts"]], "the server expanded the image differently"
+    assert [m["prompt_tokens"] for m in r["meta"]] == [len(p) for p in r["prompts"]], (
+        "the server expanded the image differently"
+    )
     assert [e != [] for e in r["events"]] == [True, False, True], [len(e) for e in r["events"]]
     model = Qwen2VLForConditionalGeneration.from_pretrained(r["path"], dtype=torch.float32, attn_implementation="eager")
     processor = AutoProcessor.from_pretrained(r["path"])

@@ -13,10 +13,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import STRICT, on_servers
+from conftest import STRICT, greedy_with_victims, on_servers
 from masked_reference import load, masked_greedy, sliding_window
 
-from vtoken_sglang.integration.observe import victim_log
 from vtoken_sglang.tools import launcher, text_tasks
 
 pytestmark = pytest.mark.server
@@ -48,20 +47,7 @@ def gemma3_runs(gemma3, tmp_path_factory):
         servers[name] = launcher.SglangServer(gemma3, args, env=env)
     ids = passkey_prompts(gemma3)
 
-    def run(name, server):
-        rids = [f"{name}-{i}" for i in range(len(ids))]
-        params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-        out = server.post("/generate", {"input_ids": ids, "rid": rids, "sampling_params": params}, timeout=900)
-        events = victim_log.read(logs / f"{name}.jsonl")
-        return {
-            "prompts": ids,
-            "outputs": [o["output_ids"] for o in out],
-            "events": [events.get(rid, []) for rid in rids],
-            "vtoken": server.get("/get_server_info")["internal_states"][0]["vtoken"],
-            "log": server.log_text(),
-        }
-
-    return on_servers(servers, run)
+    return on_servers(servers, lambda name, s: greedy_with_victims(s, name, ids, NEW_TOKENS, logs / f"{name}.jsonl"))
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PY, STRICT, on_servers, run_all
+from conftest import PY, STRICT, greedy_with_victims, on_servers, run_all
 from masked_reference import load, masked_greedy
 
-from vtoken_sglang.integration.observe import victim_log
 from vtoken_sglang.tools import launcher
 
 pytestmark = pytest.mark.server
@@ -65,20 +64,7 @@ def real_runs(smollm2, tmp_path_factory):
         servers[name] = launcher.SglangServer(smollm2, launcher.default_server_args(4096) + flags, env=env)
     ids = chat_prompts(smollm2)
 
-    def run(name, server):
-        rids = [f"{name}-{i}" for i in range(len(ids))]
-        params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in NEW_TOKENS]
-        out = server.post("/generate", {"input_ids": ids, "rid": rids, "sampling_params": params}, timeout=900)
-        events = victim_log.read(logs / f"{name}.jsonl")
-        return {
-            "prompts": ids,
-            "outputs": [o["output_ids"] for o in out],
-            "events": [events.get(rid, []) for rid in rids],
-            "vtoken": server.get("/get_server_info")["internal_states"][0]["vtoken"],
-            "log": server.log_text(),
-        }
-
-    return on_servers(servers, run)
+    return on_servers(servers, lambda name, s: greedy_with_victims(s, name, ids, NEW_TOKENS, logs / f"{name}.jsonl"))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ late fences (conftest) on. The real Gemma-3-270M is ``test_real_gemma3``'s."""
 
 import pytest
 import torch
-from conftest import STRICT, on_servers
+from conftest import STRICT, greedy_with_victims, on_servers
 from masked_reference import load, masked_greedy, sliding_window
 
 from vtoken_sglang.tools import launcher, tiny_families
@@ -41,8 +41,6 @@ def window_runs(tmp_path_factory):
     """server -> {path, backend, prompts, outputs, events (per prompt), vtoken metrics, log}."""
     from transformers import AutoConfig
 
-    from vtoken_sglang.integration.observe import victim_log
-
     logs = tmp_path_factory.mktemp("victims")
     servers, paths = {}, {}
     for name, (family, backend, flags) in SERVERS.items():
@@ -56,19 +54,8 @@ def window_runs(tmp_path_factory):
 
     def run(name, server):
         ids = prompts(AutoConfig.from_pretrained(paths[name]).vocab_size)
-        rids = [f"{name}-{i}" for i in range(len(ids))]
-        params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in NEW_TOKENS]
-        out = server.post("/generate", {"input_ids": ids, "rid": rids, "sampling_params": params})
-        events = victim_log.read(logs / f"{name}.jsonl")
-        return {
-            "path": paths[name],
-            "backend": SERVERS[name][1],
-            "prompts": ids,
-            "outputs": [o["output_ids"] for o in out],
-            "events": [events.get(rid, []) for rid in rids],
-            "vtoken": server.get("/get_server_info")["internal_states"][0]["vtoken"],
-            "log": server.log_text(),
-        }
+        got = greedy_with_victims(server, name, ids, NEW_TOKENS, logs / f"{name}.jsonl")
+        return {**got, "path": paths[name], "backend": SERVERS[name][1]}
 
     return on_servers(servers, run)
 
