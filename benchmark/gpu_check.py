@@ -3,7 +3,8 @@
     python3 benchmark/gpu_check.py [--device cuda|cpu] [--quick] [--json PATH]     (or benchmark/gpu_check.sh)
 
 Needs torch and triton only (no sglang, no pytest); imports ``vtoken_sglang.core``, ``vtoken_sglang.scoring``,
-``vtoken_sglang.tools.kv_engine`` (the test K/V engine) and ``scoring_cost.py``, ``graph_queries.py`` beside it.
+``vtoken_sglang.tools.kv_engine`` (the test K/V engine) and ``scoring_cost.py``, ``graph_queries.py``,
+``window_plans.py`` beside it.
 Rows (``check  result  figure  unit/notes``), printed as each one finishes:
 
 - correctness (``ok``/``FAIL``; any FAIL makes the exit status 1):
@@ -22,6 +23,10 @@ Rows (``check  result  figure  unit/notes``), printed as each one finishes:
   ``triton_scores``  the Triton scoring kernel equals the torch reference (GQA groups 1-4, head dims that are
                   not powers of two, partial blocks, an empty row);
   ``window_scores``  SnapKV's ``window_scores_headsum`` on the device against a float64 CPU computation;
+  ``flashinfer_window``  ``window_plans.check``: sliding windows by logical position over compacted, relocated rows
+                  as vToken's FlashInfer hook plans them (each row's suffix ``(w, start)``): the indices point at
+                  the live tokens of the logical window; where FlashInfer is installed (CUDA), its decode kernel
+                  over them, planned from the exact lengths, equals torch attention (with and without split-KV);
   ``graph_queries``  ``graph_queries.check``: decode queries written by a captured CUDA graph's replays into the
                   score collector's static buffers equal an eager forward's, scores too, bit for bit (CPU: eager
                   against a per-step capture).
@@ -612,6 +617,26 @@ def check_window(s: Setup) -> Row:
     )
 
 
+def check_window_plans(s: Setup) -> Row:
+    import window_plans
+
+    r = window_plans.check(s.device)
+    kernel = (
+        f"FlashInfer's decode equals torch attention, max abs err {r['max_abs_err']:.1e}"
+        if r["kernel"]
+        else "FlashInfer's kernel not run (needs FlashInfer on CUDA)"
+    )
+    return Row(
+        "flashinfer_window",
+        "ok",
+        f"{r['steps']}",
+        f"steps x {r['rows']} rows, span {r['span']}, {r['tokens_moved']} tokens relocated: window indices are the "
+        f"live tokens of the logical window (the rows' last entries were not at {r['upstream_wrong_steps']} steps); "
+        f"{kernel}",
+        data=r,
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- f. CUDA graphs
 
 
@@ -690,6 +715,7 @@ def run_checks(s: Setup) -> list[Row]:
         guarded_rows("copy_time", False, time_copy_rows(s)),
         single("triton_scores", check_triton, s),
         single("window_scores", check_window, s),
+        single("flashinfer_window", check_window_plans, s),
         guarded_rows("scoring_cost", False, scoring_rows(s)),
         single("graph_queries", check_graph_queries, s),
         guarded_rows("graph_scoring", False, graph_scoring_rows(s)),

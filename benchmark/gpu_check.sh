@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared device check (issue 6): copy engine order and fences, reclaim integrity on device buffers, copy
-# timings, the Triton scoring kernel against the torch reference, scoring cost, SnapKV window scores, decode queries
+# timings, the Triton scoring kernel against the torch reference, scoring cost, SnapKV window scores, sliding-window
+# indices by logical position (and FlashInfer's kernel over them where it is installed), decode queries
 # written by CUDA graph replays (score policies under graphs) and their cost; one table.
 # Needs only python3 with torch and triton (no sglang, no pytest, nothing downloaded); about 1-2 min on one GPU,
 # killed at 480 s (exit 124; the rows printed so far stay).

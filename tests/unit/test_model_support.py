@@ -1,6 +1,6 @@
 """Which models vToken refuses before any weight loads (``integration.model_support``): by SGLang's own model config
-(encoder-decoder; M-RoPE is served), by each attention layer SGLang builds (a real ``RadixAttention``: a sliding
-window shorter than the context on a decode backend vToken does not window, cross-attention, chunked iRoPE), and by
+(encoder-decoder; M-RoPE is served), by each attention layer SGLang builds (a real ``RadixAttention``: cross-attention,
+chunked iRoPE; sliding windows are served on every verified backend), and by
 the KV layout (block-scaled dtypes, HND). The refusal through the real launcher, with one line, is in
 ``server/test_launcher_refusals``."""
 
@@ -27,33 +27,39 @@ def test_models_refused_by_their_config(tiny_model, tmp_path):
     assert model_support.unsupported_model(ModelConfig(tiny_model)) is None
 
 
-WINDOW_REFUSED = "attends in a sliding window of 63 tokens, shorter than the context (512); vToken windows decode"
-
-
 @pytest.mark.parametrize(
-    "kwargs, backend, refused",
+    "kwargs, refused",
     [
-        ({"sliding_window_size": 63}, "flashinfer", WINDOW_REFUSED),
-        ({"sliding_window_size": 63}, "torch_native", None),  # windowed by logical position (hooks.windows)
-        ({"sliding_window_size": 63}, "triton", None),
-        ({"sliding_window_size": 512}, "flashinfer", None),  # the window never excludes a token of this context
-        ({}, "flashinfer", None),
-        ({"is_cross_attention": True}, "torch_native", "is a cross-attention layer"),
-        ({"use_irope": True}, "triton", "attends in chunks (iRoPE)"),
+        ({"sliding_window_size": 63}, None),  # windowed by logical position on every backend (hooks.windows)
+        ({}, None),
+        ({"is_cross_attention": True}, "is a cross-attention layer"),
+        ({"use_irope": True}, "attends in chunks (iRoPE)"),
     ],
 )
-def test_layers_refused_as_sglang_builds_them(monkeypatch, kwargs, backend, refused):
+def test_layers_refused_as_sglang_builds_them(monkeypatch, kwargs, refused):
     from sglang.srt.layers.radix_attention import RadixAttention
 
     monkeypatch.setitem(model_support.SERVING, "model", "Gemma2ForCausalLM")
-    monkeypatch.setitem(model_support.SERVING, "context_len", 512)
-    monkeypatch.setitem(model_support.SERVING, "decode_backend", backend)
     layer = RadixAttention(4, 16, 0.25, 2, layer_id=3, **kwargs)
     reason = model_support.unsupported_layer(layer)
     if refused is None:
         assert reason is None
     else:
         assert reason.startswith("model Gemma2ForCausalLM: layer 3 ") and refused in reason, reason
+
+
+def test_every_verified_backend_windows_by_logical_position():
+    """Sliding layers are served on every attention backend vToken accepts, so each has a window hook: a backend
+    added to the verified list without one would attend to logically older tokens of a compacted row."""
+    from vtoken_sglang.integration.hooks import HOOKS, windows
+    from vtoken_sglang.integration.startup.sglang_checks import VERIFIED_ATTENTION_BACKENDS
+
+    hooked = {
+        target.split(".")[4]
+        for target, (_, fn) in HOOKS.items()
+        if target.startswith("sglang.srt.layers.attention.") and fn.__module__ == windows.__name__
+    }
+    assert hooked == {f"{backend}_backend" for backend in VERIFIED_ATTENTION_BACKENDS}
 
 
 def test_kv_layouts_relocation_cannot_move(monkeypatch):

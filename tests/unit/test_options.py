@@ -114,6 +114,19 @@ def test_bad_cli_exits_with_one_line(plugins_loaded, capsys, tiny_model, argv, m
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
+def test_metadata_glue_graph_refused(plugins_loaded, capsys, monkeypatch, tiny_model):
+    """SGLang's env switch that captures the decode metadata step into a graph would replay vToken's window
+    lengths and FlashInfer plans frozen: refused at start, one line."""
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setenv("SGLANG_ENABLE_METADATA_GLUE_GRAPH", "1")
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--model-path", tiny_model, "--enable-vtoken"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: SGLANG_ENABLE_METADATA_GLUE_GRAPH=1: a decode graph"), err
+
+
 def test_good_cli_attaches_config_and_defaults(plugins_loaded, tiny_model):
     from sglang.srt.server_args import prepare_server_args
 

@@ -37,6 +37,10 @@ HOOKS = {
         windows.torch_native_decode_window,
     ),
     f"{_ATTN}.triton_backend.update_sliding_window_buffer": ("AROUND", windows.triton_decode_window),
+    f"{_ATTN}.flashinfer_backend.FlashInferIndicesUpdaterDecode.call_begin_forward": (
+        "AROUND",
+        windows.flashinfer_decode_window,
+    ),
     f"{_ADDER}._get_running_request_total_token_offset": ("AROUND", admission.cap_running_reservation),
     f"{_ADDER}._update_prefill_budget": ("AROUND", admission.cap_new_reservation),
     f"{_ADDER}.add_one_req": ("AROUND", admission.admit_ignore_eos_by_budget),

@@ -28,11 +28,7 @@ def build_runtime(original, scheduler, server_args, *args, **kwargs) -> None:
     reason = model_support.unsupported_model(model_config)
     if reason:
         model_support.refuse(reason)
-    model_support.SERVING.update(
-        model=model_support.model_name(model_config),
-        context_len=model_config.context_len,
-        decode_backend=server_args.decode_attention_backend or server_args.attention_backend,
-    )
+    model_support.SERVING.update(model=model_support.model_name(model_config))
     scorer = make_scorer(options.current_config(server_args), model_config.num_attention_layers, server_args.device)
     process.install(scorer=scorer)
     original(scheduler, server_args, *args, **kwargs)

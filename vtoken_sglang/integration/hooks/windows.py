@@ -57,3 +57,39 @@ def triton_decode_window(
         window_kv_indptr, _FromStart(translator, start), plan, req_pool_indices, sliding_window_size, w, *args, **kwargs
     )
     return indptr, indices, lens, start
+
+
+def flashinfer_decode_window(
+    original, updater, wrapper, lens, lens_sum, kv_indptr, kv_start_idx, spec_info, *args, req_pool_indices, **kwargs
+):
+    """AROUND ``FlashInferIndicesUpdaterDecode.call_begin_forward`` (eager decode and every CUDA-graph replay's
+    metadata step): the sliding wrapper's plan (the one call given ``kv_start_idx``) takes each request's suffix
+    ``(w, start)`` within ``sliding_window_size + 1`` logical positions (upstream's span: its lengths clamped to
+    that, ``window_left`` = the window) instead of the row's last entries.
+
+    FlashInfer's decode plan partitions each request's keys by its host lengths and its kernel bounds them by the
+    device ones, in unsigned arithmetic: the two must be equal. Upstream's host lengths (its clamp of
+    ``seq_lens_cpu``) are only upper bounds of ``w``, so they are dropped (``seq_lens_cpu`` None): the plan then
+    reads the device indptr itself, exact (FlashInfer's eager plan always does; under CUDA graphs this is the one
+    device-to-host read a sliding model adds per decode step). ``lens_sum``, upstream's sum of the clamped lengths,
+    bounds the indices an eager plan allocates."""
+    rt = process.current()
+    if (
+        rt is None
+        or rt.rows.n_managed == 0
+        or not rt.windows.decoding
+        or kv_start_idx is None
+        or updater.sliding_window_size is None
+    ):
+        return original(
+            updater, wrapper, lens, lens_sum, kv_indptr, kv_start_idx, spec_info, *args,
+            req_pool_indices=req_pool_indices, **kwargs,
+        )  # fmt: skip
+    w, start = rt.windows.suffix(req_pool_indices, lens + kv_start_idx, updater.sliding_window_size + 1)
+    if args:
+        args = (None, *args[1:])
+    else:
+        kwargs["seq_lens_cpu"] = None
+    return original(
+        updater, wrapper, w, lens_sum, kv_indptr, start, spec_info, *args, req_pool_indices=req_pool_indices, **kwargs
+    )

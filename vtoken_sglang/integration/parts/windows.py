@@ -4,7 +4,7 @@ last ``w`` columns, from ``start``; SGLang's backends take ``(w, start)`` instea
 row's length (``hooks.windows``).
 
 Each backend keeps its own span (how many logical positions a query sees, itself included), so a row that never
-evicted gets exactly upstream's window: torch_native ``sliding_window_size + 1``, Triton's decode
+evicted gets exactly upstream's window: torch_native and FlashInfer ``sliding_window_size + 1``, Triton's decode
 ``sliding_window_size`` (upstream's Triton decode window is one key shorter than its extend's and FlashInfer's).
 """
 

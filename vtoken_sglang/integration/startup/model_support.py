@@ -8,9 +8,8 @@ SGLang itself says of the model (its ``ModelConfig``) or of each attention layer
 
 - recurrent state (mamba, linear attention), a separate sliding-window pool, MLA latents: not a K/V page pool;
 - encoder-decoder models and cross-attention layers: the decoder reads its row after the encoder's entries;
-- a layer that attends in a sliding window shorter than the context on a decode backend whose window vToken does
-  not take by logical position (``WINDOWED_DECODE_BACKENDS``: FlashInfer takes it as the last entries of the row,
-  which on a compacted row reach logically older tokens), or in chunks (``use_irope``);
+- a layer that attends in chunks (``use_irope``). Sliding windows are served: every verified attention backend
+  takes them by logical position (``hooks.windows``);
 - block-scaled KV dtypes (per-token scale buffers) and the HND layout: relocation would move K/V without their
   scales, or along the wrong dimension.
 """
@@ -28,9 +27,7 @@ BLOCK_SCALED_KV_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")
 
 REFUSAL_ENV = "VTOKEN_SGLANG_REFUSAL_FILE"  # where a scheduler writes why it refused (read by the launching process)
 # what the scheduler being built serves (set by ``hooks.scheduler.build_runtime`` before SGLang builds the model)
-SERVING: dict[str, Any] = {"model": "?", "context_len": 0, "decode_backend": "?"}
-# the decode attention backends whose sliding windows vToken takes by logical position (``hooks.windows``)
-WINDOWED_DECODE_BACKENDS = ("torch_native", "triton")
+SERVING: dict[str, Any] = {"model": "?"}
 
 
 def unsupported_model(model_config) -> str | None:
@@ -74,15 +71,7 @@ def unsupported_kv_layout(server_args: Any, flag: Callable[[str], str]) -> str |
 
 def unsupported_layer(layer) -> str | None:
     """Why vToken cannot serve an attention layer (a built ``RadixAttention``) of the model in ``SERVING``."""
-    name, context, backend = SERVING["model"], SERVING["context_len"], SERVING["decode_backend"]
-    window = layer.sliding_window_size
-    if window is not None and 0 < window < context and backend not in WINDOWED_DECODE_BACKENDS:
-        return (
-            f"model {name}: layer {layer.layer_id} attends in a sliding window of {window} tokens, shorter than the "
-            f"context ({context}); vToken windows decode by logical position on the "
-            f"{' and '.join(WINDOWED_DECODE_BACKENDS)} attention backends, not on {backend} (serve it with "
-            f"--attention-backend {WINDOWED_DECODE_BACKENDS[-1]}, or with --context-length {window} or less)"
-        )
+    name = SERVING["model"]
     if layer.is_cross_attention:
         return f"model {name}: layer {layer.layer_id} is a cross-attention layer; not supported with vToken"
     if getattr(layer, "use_irope", False):

@@ -94,6 +94,13 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
             f"{given}: DP attention is not supported with vToken (it runs decode batches as extend batches, whose "
             "positions come from live lengths, not logical ones); use --dp-size without it"
         )
+    from sglang.srt.environ import envs
+
+    if envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get():
+        raise ConfigError(
+            "SGLANG_ENABLE_METADATA_GLUE_GRAPH=1: a decode graph that replays the attention metadata step is not "
+            "supported with vToken (its window lengths and FlashInfer plans are taken anew at every step)"
+        )
     layout = model_support.unsupported_kv_layout(server_args, flag)
     if layout:
         raise ConfigError(layout)

@@ -1,0 +1,143 @@
+"""Sliding windows by logical position as an attention kernel reads them: used by ``gpu_check.py`` (row
+``flashinfer_window``); needs torch, and FlashInfer for its kernel (run only where it is installed, on CUDA); no
+sglang.
+
+Rows compacted by eviction and relocated by the reclaimer (``tools.kv_engine``, K/V stamped with each token's request
+and logical id) are windowed as vToken's FlashInfer hook windows them: per request the suffix ``(w, start)`` of its
+row within ``span`` logical positions (``TokenTable.window_suffix``), gathered into FlashInfer's CSR indices
+(``indptr = cumsum(w)``). Checks, after every step:
+
+- the keys the indices point at are the live tokens of each row's logical window (brute force over this module's
+  own account of what is live), and upstream's window (a row's last ``span`` entries) is not, at some step;
+- with FlashInfer: its paged decode kernel over those indices, planned from the exact lengths, equals attention
+  computed in torch over the same keys (random fp16 K/V), with and without split-KV.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vtoken_sglang.tools.kv_engine import KVEngine, stamp
+
+SPAN = 9  # logical positions a query sees, itself included (SGLang's sliding_window_size + 1 on FlashInfer)
+STEPS = 16
+
+
+def csr(lengths: torch.Tensor) -> torch.Tensor:
+    indptr = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(lengths, 0)
+    return indptr
+
+
+def gather(slots: torch.Tensor, rows: torch.Tensor, w: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Each row's columns ``[start, start + w)`` of ``slots``, concatenated (what FlashInfer's index kernel
+    writes for ``paged_kernel_lens = w``, ``kv_start_idx = start``)."""
+    owner = torch.repeat_interleave(torch.arange(len(rows)), w)
+    col = torch.arange(int(w.sum())) - torch.repeat_interleave(csr(w)[:-1].long(), w) + start[owner]
+    return slots[rows[owner], col].to(torch.int32)
+
+
+def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor):
+    """Attention of one query per request (``q [bs, Hq, D]``) over the keys ``indices[indptr[b]:indptr[b+1]]`` of
+    ``k, v [slots, Hkv, D]``, in float32."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    for b in range(len(indptr) - 1):  # a check, not a hot path
+        idx = indices[int(indptr[b]) : int(indptr[b + 1])].long()
+        kb = k[idx].float().repeat_interleave(group, 1)
+        vb = v[idx].float().repeat_interleave(group, 1)
+        att = torch.einsum("hd,nhd->hn", q[b].float(), kb) * q.shape[-1] ** -0.5
+        out[b] = torch.einsum("hn,nhd->hd", att.softmax(-1), vb)
+    return out
+
+
+def flashinfer_decode(q, k, v, indptr, indices, split_kv: bool):
+    """FlashInfer's paged decode (pages of one token, NHD) over ``indices``, planned from ``indptr``."""
+    import flashinfer
+
+    dev = q.device
+    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    bs = len(indptr) - 1
+    wrapper.plan(
+        indptr.to(dev),
+        indices.to(dev),
+        torch.ones(bs, dtype=torch.int32, device=dev),
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+        1,
+        data_type=k.dtype,
+        q_data_type=q.dtype,
+        disable_split_kv=not split_kv,
+    )
+    return wrapper.run(q, (k[:, None], v[:, None])).float()
+
+
+def check(device: str) -> dict:
+    """Runs the steps; raises AssertionError on the first wrong key or output. Returns what was checked."""
+    g = torch.Generator().manual_seed(5)
+    eng = KVEngine(num_pages=96, page_size=4, rows=8, max_context=256, reserve=4, device=device)
+    table, rows = eng.table, torch.arange(6)
+    table.open_rows(rows)
+    live: list[list[int]] = [[] for _ in rows]
+    try:
+        import flashinfer  # noqa: F401
+
+        kernel = device == "cuda"
+    except ImportError:
+        kernel = False
+    if kernel:
+        slots = eng.kv[0].shape[0]
+        k = torch.randn(slots, 2, 64, generator=g).half().to(device)
+        v = torch.randn(slots, 2, 64, generator=g).half().to(device)
+    upstream_wrong = worst = 0.0
+    for step in range(STEPS):
+        counts = torch.randint(1, 9, (len(rows),), generator=g)
+        eng.write(rows, counts)
+        for ids, n in zip(live, counts.tolist()):
+            first = ids[-1] + 1 if ids else 0
+            ids.extend(range(first, first + n))
+        vr, vc = [], []
+        for r, ids in enumerate(live):
+            cols = torch.randperm(len(ids) - 1, generator=g)[: len(ids) // 4].sort().values.tolist()
+            vr += [r] * len(cols)
+            vc += cols
+            for c in reversed(cols):
+                del ids[c]
+        eng.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
+        eng.reclaimer.step()
+        lens = torch.tensor([len(ids) for ids in live])
+        w, start = table.window_suffix(rows, lens, SPAN)
+        indices = gather(table.slots, rows, w, start)
+        in_window = [[i for i in ids if i > ids[-1] - SPAN] for ids in live]
+        want = stamp(
+            torch.repeat_interleave(rows, torch.tensor([len(x) for x in in_window])),
+            torch.tensor([i for x in in_window for i in x]),
+        )
+        got = eng.kv[0][indices.to(device).long()].cpu()
+        assert torch.equal(got, want), f"step {step}: the window's indices are not the live tokens of the window"
+        last = lens.clamp(max=SPAN)
+        upstream = eng.kv[0][gather(table.slots, rows, last, lens - last).to(device).long()].cpu()
+        upstream_wrong += not torch.equal(upstream, want)
+        if kernel:
+            q = torch.randn(len(rows), 4, 64, generator=g).half().to(device)
+            indptr = csr(w)
+            ref = reference_decode(q, k, v, indptr, indices.to(device))
+            for split_kv in (False, True):
+                err = float((flashinfer_decode(q, k, v, indptr, indices, split_kv) - ref).abs().max())
+                assert err < 2e-2, f"step {step}: FlashInfer (split_kv {split_kv}) differs by {err:.2e}"
+                worst = max(worst, err)
+    eng.reclaimer.release_ready(force=True)
+    eng.check()
+    assert eng.reclaimer.stats.tokens_moved > 0, "nothing relocated: compacted rows were not checked"
+    assert upstream_wrong > 0, "the rows' last entries were the logical window at every step: nothing was checked"
+    return {
+        "steps": STEPS,
+        "rows": len(rows),
+        "span": SPAN,
+        "tokens_moved": eng.reclaimer.stats.tokens_moved,
+        "upstream_wrong_steps": int(upstream_wrong),
+        "kernel": kernel,
+        "max_abs_err": worst,
+    }
