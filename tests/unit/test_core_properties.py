@@ -1,9 +1,12 @@
 """Property tests of the core: random interleavings of new requests (some reading a shared prefix in tree pages),
 appends, decode steps the table registers late (whatever reads it next settles them), evictions by every policy,
 reclaim plans (applied, stale, overlapping; every plan the planner makes is valid), copy-on-write of a row's prefix
-tokens out of the tree, request ends; real K/V tensors; every step checks I1-I4, page accounting and slot reader
-counts (including that every live token's K/V bytes are unchanged); at the end every page is free. The table's
-metadata is sized by the pool, whatever its rows and context."""
+tokens out of the tree, request ends; real K/V tensors; every step checks I1-I5, page accounting and slot reader
+counts (including that every live token's K/V bytes are unchanged), and that every live entry's policy state is
+its own request's: random folds (adds and writes) of one state into chosen rows, checked bit for bit against an
+account kept here by (request, logical position), through evictions, relocations, copy-on-write and other rows'
+folds on the same tree slots; at the end every page is free. The table's metadata is sized by the pool (and by
+what is live), whatever its rows and context."""
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from vtoken_sglang.core.integrity import check_integrity
 from vtoken_sglang.core.pages import FREE, TREE, OutOfPages
 from vtoken_sglang.policies import POLICIES, PolicyConfig, make_policy
 
-STATE_NAMES = ("h2o_acc", "tova_last", "sh_persist", "snap")
+STATE_NAMES = ("h2o_acc", "tova_last", "sh_persist", "snap", "own")  # "own": folded only by ``fold`` below
 TREE_PAGES, TREE_ROW = 5, 99  # a shared prefix of 5 pages in the tree; its K/V bytes are stamped as row 99's
 
 
@@ -43,6 +46,7 @@ class CoreMachine(RuleBasedStateMachine):
         for buf in self.eng.kv:
             buf[self.tree_slots] = stamp(torch.full_like(self.tree_slots, TREE_ROW), torch.arange(len(self.tree_slots)))
         self.tree_len = torch.zeros(8, dtype=torch.int64)  # tokens of the shared prefix each row started with
+        self.own: dict[tuple[int, int], np.float32] = {}  # (row, logical) -> its "own" state; absent: 0
 
     def kv_stamp(self, rows: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
         """The bytes of (row, logical): the tree's for a row's shared prefix tokens (copied or not)."""
@@ -79,7 +83,7 @@ class CoreMachine(RuleBasedStateMachine):
         row = self.free_rows.pop(0)
         n = prefix_pages * self.eng.table.page_size + (partial if prefix_pages < TREE_PAGES else 0)
         t, r = self.eng.table, torch.tensor([row])
-        t.open_rows(r)
+        t.open_rows(r, shared=np.array([n]))
         t.sync_new_tokens(r, torch.tensor([n]), self.tree_slots[:n])
         self.tree_len[row] = n
         self.live_rows.append(row)
@@ -165,6 +169,35 @@ class CoreMachine(RuleBasedStateMachine):
         vr, vc = pol.select_victims(self.eng.table, rows)
         self.eng.evict(vr, vc)
 
+    @precondition(lambda self: self.live_rows)
+    @rule(data=st.data(), add=st.booleans(), seed=st.integers(0, 2**16))
+    def fold(self, data, add, seed):
+        """Fold random values into the "own" state of some rows (``add_row_state`` or ``set_row_state``): each
+        row's entries change, no other row's, a tree slot's other readers' neither."""
+        t = self.eng.table
+        rows = torch.tensor(self._rows(data))
+        width = int(t.live_len[rows].max())
+        values = torch.randn(len(rows), width, generator=torch.Generator().manual_seed(seed))
+        (t.add_row_state if add else t.set_row_state)("own", rows, values)
+        logical = t.row_logical(rows, width)
+        for i, row in enumerate(rows.tolist()):
+            for j in range(int(t.live_len[row])):
+                key, v = (row, int(logical[i, j])), np.float32(values[i, j])
+                self.own[key] = (self.own.get(key, np.float32(0)) + v) if add else v
+
+    @invariant()
+    def each_entry_keeps_its_own_state(self):
+        t = self.eng.table
+        if t.deferred_tokens or not self.live_rows:
+            return
+        rows = torch.tensor(self.live_rows)
+        width = max(int(t.live_len[rows].max()), 1)
+        got, logical = t.row_state("own", rows, width), t.row_logical(rows, width)
+        for i, row in enumerate(self.live_rows):
+            n = int(t.live_len[row])
+            want = [self.own.get((row, int(lg)), np.float32(0)) for lg in logical[i, :n]]
+            assert np.array_equal(got[i, :n].numpy(), np.array(want, dtype=np.float32)), (row, got[i, :n], want)
+
     @rule()
     def reclaim_step(self):
         rec = self.eng.reclaimer
@@ -195,6 +228,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.live_rows.remove(row)
         self.free_rows.append(row)
         self.tree_len[row] = 0
+        self.own = {key: v for key, v in self.own.items() if key[0] != row}
 
     @invariant()
     def integrity(self):
@@ -222,13 +256,14 @@ TestCore.settings = settings(
 @pytest.mark.parametrize("rows, context", [(8, 512), (64, 8192), (512, 131072)])
 def test_metadata_is_bounded_by_the_pool(rows, context):
     """The table's own metadata (every policy's state included) depends on the pool, not on rows x context: the
-    row store it is given (SGLang's req_to_token) is the engine's."""
+    row store it is given (SGLang's req_to_token) is the engine's. Policy state has a cell per slot and as many
+    again for the shared prefixes requests read (``StateStore``: grown only by what is live)."""
     from vtoken_sglang.core.pages import PagePool
     from vtoken_sglang.core.token_table import TokenTable
 
     pool = PagePool(1000, 16, device="meta")
     store = torch.empty(rows, context, dtype=torch.int32, device="meta")
     table = TokenTable(rows, context, pool, slots=store, state_names=STATE_NAMES)
-    per_slot = 4 + 4 + 4 * len(STATE_NAMES)  # logical, readers, one float32 per state
-    per_row = 8 + 8 + 1 + 8  # live_len, logical_len, active, row_key
+    per_slot = 4 + 4 + 2 * 4 * len(STATE_NAMES)  # logical, readers; per state a float32 per slot and per shared cell
+    per_row = 8 + 8 + 1 + 8 + 8 + 8  # live_len, logical_len, active, row_key, n_shared, shared base
     assert table.metadata_bytes() == (1000 + 1) * 16 * per_slot + rows * per_row

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from core_helpers import MiniEngine, stamp
@@ -396,9 +397,10 @@ def test_decode_sync_equals_the_general_sync():
     assert b.table.live_len.tolist() == [5, 9, 0, 2]
 
 
-def test_shared_prefix_slots_hold_one_state_for_all_readers():
-    """Two requests reading the same tree slots: one logical position each, state set to the largest value the
-    readers give (order-free), added up over readers, reset only when a slot gets its first reader again."""
+def test_shared_prefix_slots_hold_one_state_per_reader():
+    """Two requests reading the same tree slots keep a state each for them (set and added apart); a third reader
+    starts at 0 while the others keep theirs; evicting a shared entry in one row, copy-on-write of another's
+    shared suffix and closing a reader leave the others' states as they were."""
     from vtoken_sglang.core.pages import TREE
 
     eng = MiniEngine(num_pages=16, page_size=4, rows=4, state_names=("s",))
@@ -406,24 +408,68 @@ def test_shared_prefix_slots_hold_one_state_for_all_readers():
     tree = eng.pool.alloc(1, TREE)
     shared = (tree * 4 + torch.arange(4)).to(torch.int64)
     rows = torch.tensor([0, 2])
-    t.open_rows(rows)
+    t.open_rows(rows, shared=np.array([4, 4]))
     t.sync_new_tokens(rows, torch.tensor([4, 4]), torch.cat([shared, shared]))
     eng.write(rows, torch.tensor([2, 3]))
-    assert t.readers[shared].tolist() == [2, 2, 2, 2]
+    assert t.readers[shared].tolist() == [2, 2, 2, 2] and t.states.n_shared[rows].tolist() == [4, 4]
     t.set_row_state("s", rows, torch.tensor([[1.0, 5.0, 2.0, 0.0, 9.0, 9.0, 0.0], [3.0, 4.0, 2.0, 1.0, 7.0, 7.0, 7.0]]))
-    assert t.state["s"][shared].tolist() == [3.0, 5.0, 2.0, 1.0]
     t.add_row_state("s", rows, torch.ones(2, 7))
-    assert t.state["s"][shared].tolist() == [5.0, 7.0, 4.0, 3.0]
-    assert t.row_state("s", torch.tensor([0]), 7).tolist() == [[5.0, 7.0, 4.0, 3.0, 10.0, 10.0, 0.0]]
-    eng.close(0)  # one reader left: the state stays; a new reader joins it
-    t.open_rows(torch.tensor([1]))
+    assert t.row_state("s", rows, 7).tolist() == [
+        [2.0, 6.0, 3.0, 1.0, 10.0, 10.0, 0.0],
+        [4.0, 5.0, 3.0, 2.0, 8.0, 8.0, 8.0],
+    ]
+    t.open_rows(torch.tensor([1]), shared=np.array([4]))  # a third reader: its own cells, from 0
     t.sync_new_tokens(torch.tensor([1]), torch.tensor([4]), shared)
-    assert t.state["s"][shared].tolist() == [5.0, 7.0, 4.0, 3.0]
+    assert t.row_state("s", torch.tensor([1]), 4).tolist() == [[0.0, 0.0, 0.0, 0.0]]
+    t.add_row_state("s", torch.tensor([1]), torch.full((1, 4), 0.5))
+    eng.evict(torch.tensor([0]), torch.tensor([1]))  # row 0 drops its logical 1: its later entries move down
+    assert t.states.n_shared[0].item() == 3
+    assert t.row_state("s", torch.tensor([0]), 5).tolist() == [[2.0, 3.0, 1.0, 10.0, 10.0]]
+    cols = torch.tensor([2, 3])  # copy-on-write of row 2's shared suffix into a page of its own
+    fresh = eng.pool.alloc(1, 2, for_relocation=True) * 4 + torch.arange(2)
+    t.apply_moves(torch.tensor([2, 2]), cols, fresh)
+    assert t.states.n_shared[2].item() == 2 and t.slots[2, 2:4].tolist() == fresh.tolist()
+    eng.close(0)
+    assert t.row_state("s", torch.tensor([2]), 7).tolist() == [[4.0, 5.0, 3.0, 2.0, 8.0, 8.0, 8.0]]
+    assert t.row_state("s", torch.tensor([1]), 4).tolist() == [[0.5, 0.5, 0.5, 0.5]]
+    check_integrity(t)
+
+
+def test_state_cells_are_compacted_and_grow_with_what_is_live():
+    """Extents are bump-allocated as rows open; when they reach the capacity the live ones are packed (their values
+    kept), and the capacity doubles only when the live ones need it; all rows closed, the next row starts at 0."""
+    from vtoken_sglang.core.pages import TREE
+
+    eng = MiniEngine(num_pages=8, page_size=4, rows=8, state_names=("s",))
+    t, st = eng.table, eng.table.states
+    assert st.capacity == t.pool_slots == 36
+    tree = eng.pool.alloc(4, TREE)
+    prefix = (tree[:, None] * 4 + torch.arange(4)).flatten()
+
+    def start(row: int, n: int) -> None:
+        r = torch.tensor([row])
+        t.open_rows(r, shared=np.array([n]))
+        t.sync_new_tokens(r, torch.tensor([n]), prefix[:n])
+        t.add_row_state("s", r, torch.arange(n, dtype=torch.float32)[None, :] + 100 * row)
+
+    for row in range(3):
+        start(row, 12)  # 36 cells: the capacity
     eng.close(1)
-    eng.close(2)  # no reader: the next first reader starts from 0
-    t.open_rows(torch.tensor([3]))
-    t.sync_new_tokens(torch.tensor([3]), torch.tensor([4]), shared)
-    assert t.state["s"][shared].tolist() == [0.0, 0.0, 0.0, 0.0] and t.readers[shared].tolist() == [1, 1, 1, 1]
+    start(3, 10)  # 24 live + 10 > 36? no: packed, then placed
+    assert st.compactions == 1 and st.capacity == 36 and st._top == 34
+    start(4, 16)  # 34 + 16 > 36: packed (34 live), grown to max(72, 50)
+    assert st.compactions == 2 and st.capacity == 72
+    for row, n in ((0, 12), (2, 12), (3, 10), (4, 16)):
+        want = torch.arange(n, dtype=torch.float32) + 100 * row
+        assert torch.equal(t.row_state("s", torch.tensor([row]), n)[0], want), row
+    check_integrity(t)
+    assert (
+        t.metadata_bytes() - MiniEngine(num_pages=8, page_size=4, rows=8, state_names=("s",)).table.metadata_bytes()
+        == 36 * 4
+    )
+    for row in (0, 2, 3, 4):
+        eng.close(row)
+    assert st._top == 0 and int(st.n_shared.sum()) == 0
 
 
 def test_deferred_decode_tokens_settle_to_one_sync_per_step():

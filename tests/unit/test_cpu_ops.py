@@ -1,9 +1,9 @@
 """vToken's CPU kernels for the Token Table (``cpu_ops/token_table.cpp``) against the torch ops they replace: two
 tables, one with the kernels and one without, through the same random run (requests opened on a shared prefix in
 tree pages that the engine wrote into their rows, decode tokens registered at once, late and several steps late,
-some on pages the pool does not track yet, evictions, attention folded by sum and by max over rows that share
-slots, requests ended and started again): after every step every tensor of both tables and both pools is equal,
-bit for bit. The scoring kernel has its own test (``test_scoring``)."""
+some on pages the pool does not track yet, evictions, attention folded by sum and written over rows that share
+slots, each into its own cells, requests ended and started again): after every step every tensor of both tables
+and both pools is equal, bit for bit. The scoring kernel has its own test (``test_scoring``)."""
 
 import shutil
 
@@ -26,6 +26,7 @@ def tensors(eng) -> dict[str, torch.Tensor]:
     t = eng.table
     out = {"live_len": t.live_len, "logical_len": t.logical_len, "slots": t.slots, "logical": t.logical}
     out |= {"readers": t.readers, "owner": eng.pool.owner, "page_live": eng.pool.live, "active": t.active}
+    out |= {"n_shared": t.states.n_shared, "shared_base": t.states.base}
     return out | {f"state {name}": v for name, v in t.state.items()}
 
 
@@ -55,7 +56,7 @@ class Twins:
         rows, n = torch.tensor([row]), prefix_pages * P
 
         def go(eng, t):
-            t.open_rows(rows)
+            t.open_rows(rows, shared=np.array([n]))
             t.slots[row, :n] = self.shared[:n].to(t.slots.dtype)  # the engine wrote the prefix (tree pages)
             t.sync_new_tokens(rows, torch.tensor([n]))  # as RequestRows.manage: not claimed, not counted
             eng.write(rows, torch.tensor([own]))
@@ -119,7 +120,16 @@ def test_token_table_kernels_equal_the_torch_ops():
         else:
             tw.close(rows[0])
             tw.start(rows[0], int(g.integers(0, TREE_PAGES + 1)), int(g.integers(1, 9)))
-    assert int(tw.engines[0].table.readers[tw.shared].max()) >= 2  # folds met slots that several rows read
+    t = tw.engines[0].table
+    assert int(t.readers[tw.shared].max()) >= 2  # folds met slots that several rows read
+    # ... and each of those rows keeps a state of its own for such a slot: they differ
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for r in tw.open:
+        for j in range(int(t.states.n_shared[r])):
+            readers.setdefault(int(t.slots[r, j]), []).append((r, j))
+    acc = t.row_state("acc", torch.tensor(tw.open), int(t.live_len.max()))
+    per_slot = [{float(acc[tw.open.index(r), j]) for r, j in held} for held in readers.values() if len(held) > 1]
+    assert per_slot and any(len(values) > 1 for values in per_slot)
 
 
 def test_token_table_kernels_refuse_what_the_torch_ops_refuse():

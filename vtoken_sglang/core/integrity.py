@@ -8,6 +8,9 @@
   copy; sources are unreferenced until released).
 - I4 layout: every private page with no live token is a relocation source awaiting release (nothing leaks), and
   every allocated page is owned by an active request, the tree, or is such a source.
+- I5 state per request: the entries a row reads from pages it does not own are its column prefix
+  ``[0, n_shared)`` (a table with policy state), whose cells are an extent of the row's own, inside the state's
+  capacity and disjoint from every other row's; its other entries are private (their slot's cell).
 - Page accounting: free pages have no owner and no live token, and no live entry points into one; live counts
   equal the table's entries per page; free + allocated == total (for a pool that tracks every page; a bridge to
   an engine's allocator tracks only its own pages, which must then not be on the engine's free list).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import FREE, TREE
@@ -52,6 +56,31 @@ def live_entries(table: TokenTable) -> tuple[torch.Tensor, torch.Tensor, torch.T
     r = rows[r_i]
     slots = table.slots[r, c].to(torch.int64)
     return r, c, slots, table.logical[slots].to(torch.int64)
+
+
+def _check_state_cells(table: TokenTable, rows: torch.Tensor, cols: torch.Tensor, private: torch.Tensor) -> None:
+    """I5 (``state_store``)."""
+    st = table.states
+    ns = st.n_shared
+    _require(bool((ns <= table.live_len).all()), "a row's shared prefix is longer than its live entries (I5)")
+    _require(not bool(ns[~table.active].any()), "an ended row keeps a shared prefix (I5)")
+    if not st.capacity:
+        return
+    shared = cols < ns[rows]
+    _require(not bool((shared & private).any()), "an entry of the row's own page is in its shared prefix (I5)")
+    _require(
+        not bool((~shared & ~private).any()),
+        "an entry on a page the row does not own is past its shared prefix: its state would be every reader's (I5)",
+    )
+    held = np.flatnonzero(st._host_cap)
+    base, cap = st._host_base[held], st._host_cap[held]
+    _require(bool(table.active[torch.from_numpy(held)].all()), "an ended row holds state cells (I5)")
+    _require(bool((ns[torch.from_numpy(held)].cpu().numpy() <= cap).all()), "a shared prefix outgrew its cells (I5)")
+    _require(torch.equal(st.base[torch.from_numpy(held)].cpu(), torch.from_numpy(base)), "state cells moved (I5)")
+    order = np.argsort(base)
+    ends = (base + cap)[order]
+    _require(bool((ends[:-1] <= base[order][1:]).all()), "two rows' state cells overlap (I5)")
+    _require(not len(ends) or int(ends[-1]) <= st._top <= st.capacity, "state cells beyond the capacity (I5)")
 
 
 def check_integrity(
@@ -91,6 +120,7 @@ def check_integrity(
     _require(len(torch.unique(slots[private])) == int(private.sum()), "a private slot is live twice (I2)")
     readers = torch.zeros_like(table.readers).index_add_(0, slots, torch.ones_like(slots, dtype=table.readers.dtype))
     _require(torch.equal(readers, table.readers), "slot reader counts differ from the rows")
+    _check_state_cells(table, rows, cols, private)
     # ---- in flight and leaks
     _require(not bool(pool.in_flight[pages].any()), "a live entry points into a page in flight (I3)")
     empty_private = priv_pages & (live == 0)

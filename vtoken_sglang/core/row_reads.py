@@ -3,8 +3,8 @@
 A row's live entries are columns ``0 .. live_len[r]-1`` of the row store; their metadata is per KV slot, so every
 read goes through the row's slots. Reads past a row's live length give padding (slot 0, state 0). The accessors use
 the table's ``slots``, ``live_len`` (which settles deferred decode tokens; ``window_suffix`` reads the raw
-``_live_len`` and ``_logical_len`` instead), ``logical``, ``state``, ``active``, ``page_size``, ``settle`` and
-``kernels`` (vToken's CPU kernels, or None).
+``_live_len`` and ``_logical_len`` instead), ``logical``, ``state`` and ``states`` (each request's policy state:
+``state_store``), ``active``, ``page_size``, ``settle`` and ``kernels`` (vToken's CPU kernels, or None).
 """
 
 from __future__ import annotations
@@ -54,36 +54,44 @@ class RowReads:
         """``[k, width]`` logical ids of ``rows``' live entries (garbage past each live length)."""
         return self.logical[self.row_slots(rows, width)]
 
-    def row_state(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
-        """``[k, width]`` policy state of ``rows``' live entries; 0 past each live length."""
+    def _state_cells(self, rows: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[k, width]`` policy-state cells of ``rows``' columns (``StateStore.index``; the padding slot's past a
+        live length) and ``valid``."""
         slots, valid = self._live_slots(rows, width)
-        return torch.where(valid, self.state[name][slots], 0.0)
+        return self.states.index(rows, width, slots), valid
+
+    def row_state(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """``[k, width]`` policy state of ``rows``' live entries, each request's own; 0 past each live length."""
+        cells, valid = self._state_cells(rows, width)
+        return torch.where(valid, self.state[name][cells], 0.0)
 
     def set_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Write ``values[k, width]`` as the state of ``rows``' live entries (columns past a live length are
-        ignored). A slot that several of ``rows`` read (a tree prefix) takes the largest of their values: the
-        same on every device and TP rank, whatever order the writes land in."""
-        self._fold(name, rows, values, "amax")
+        ignored). Every live entry has a cell of its own, a shared prefix's too: the other readers' states do not
+        change."""
+        self._fold(name, rows, values, "set")
 
     def add_row_state(self, name: str, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Add ``values[k, width]`` to the state of ``rows``' live entries; a slot that several rows read gets the
-        sum of their values."""
+        """Add ``values[k, width]`` to the state of ``rows``' live entries (each its own)."""
         self._fold(name, rows, values, "sum")
 
     def _fold(self, name: str, rows: torch.Tensor, values: torch.Tensor, reduce: str) -> None:
-        """``values[k, width]`` into the state of ``rows``' live entries, by ``reduce`` (``sum`` or ``amax``): the
+        """``values[k, width]`` into the state of ``rows``' live entries, by ``reduce`` (``sum`` or ``set``): the
         CPU kernel where the table has it, else torch ops on the flat writes, where columns past a live length go to
         the padding slot 0 with value 0 (its state stays 0, the padding page never holds a token; no boolean mask:
-        the same shapes every time, no device read)."""
+        the same shapes every time, no device read). ``rows`` are distinct, so every other cell is written once."""
+        s = self.states
         if self.kernels is not None:
-            self.kernels.fold_rows(self.state[name], self.slots, rows, self.live_len, values, reduce)
+            self.kernels.fold_rows(
+                self.state[name], self.slots, rows, self.live_len, s.n_shared, s.base, s.pool_slots, values, reduce
+            )
             return
-        slots, valid = self._live_slots(rows, values.shape[1])
-        slots, values = slots.reshape(-1), torch.where(valid, values.to(torch.float32), 0.0).reshape(-1)
+        cells, valid = self._state_cells(rows, values.shape[1])
+        cells, values = cells.reshape(-1), torch.where(valid, values.to(torch.float32), 0.0).reshape(-1)
         if reduce == "sum":
-            self.state[name].index_add_(0, slots, values)
+            self.state[name].index_add_(0, cells, values)
         else:
-            self.state[name].scatter_reduce_(0, slots, values, reduce, include_self=False)
+            self.state[name].index_put_((cells,), values)
 
     def row_view(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The live slots of ``row`` and their logical ids."""

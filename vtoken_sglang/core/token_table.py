@@ -8,13 +8,14 @@ Row ``r`` (one request) holds, in columns ``0 .. live_len[r]-1``, the physical K
 and each slot ``s`` read by some row holds the metadata of its token, read through the rows like the K/V::
 
     logical[s]           its logical position (RoPE position); strictly increasing along each row
-    state[name][s]       policy state (e.g. accumulated attention); 0 when the token gets its first reader
     readers[s]           how many active rows hold ``s`` among their live entries
 
 so vToken's metadata is sized by the KV pool (``pool_slots``), not by rows x context. ``logical_len[r]`` is the
 next logical position (prompt + generated so far). Columns past ``live_len[r]`` are garbage. A slot of a shared
 prefix (a radix-tree page) is read by several rows: its logical position is the same for all (a prefix starts at
-position 0), and its policy state is one for all, folding the attention of every reader since it got its first.
+position 0). Policy state is each request's own (``state_store.StateStore``): per slot for a row's private
+entries, per row for the shared prefix it declared when it opened (``open_rows(shared=...)``); 0 when the entry
+starts.
 Invariants (checked by ``integrity.check_integrity``):
 
 - a private page's live count equals the number of live entries of its owner in it; a page whose count reaches 0
@@ -41,6 +42,7 @@ from vtoken_sglang.core.pages import TREE, PageAccounting, tail_room
 from vtoken_sglang.core.registration import Registration
 from vtoken_sglang.core.row_reads import RowReads
 from vtoken_sglang.core.segments import packed_slots, repeat_rows, segment_ranks
+from vtoken_sglang.core.state_store import StateStore
 
 
 class TokenTable(RowReads, Registration):
@@ -67,7 +69,8 @@ class TokenTable(RowReads, Registration):
         self.pool_slots = (pages.num_pages + 1) * self.page_size
         self.logical = torch.zeros(self.pool_slots, dtype=torch.int32, device=dev)
         self.readers = torch.zeros(self.pool_slots, dtype=torch.int32, device=dev)
-        self.state = {name: torch.zeros(self.pool_slots, dtype=torch.float32, device=dev) for name in state_names}
+        self.states = StateStore(state_names, self.pool_slots, num_rows, dev)
+        self.state = self.states.tensors  # name -> float32 [pool_slots + extent capacity] (``StateStore``)
         self._live_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         self._logical_len = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         self._deferred = np.zeros(num_rows, dtype=np.int64)  # decode tokens written, not registered yet (host)
@@ -101,20 +104,23 @@ class TokenTable(RowReads, Registration):
 
     def metadata_bytes(self) -> int:
         """Device bytes of vToken's own per-slot and per-row metadata (the row store is the engine's)."""
-        tensors = [self.logical, self.readers, *self.state.values(), self.live_len, self.logical_len, self.active]
-        return sum(t.numel() * t.element_size() for t in tensors + [self.row_key])
+        tensors = [self.logical, self.readers, self.live_len, self.logical_len, self.active, self.row_key]
+        return sum(t.numel() * t.element_size() for t in tensors) + self.states.nbytes()
 
     # ------------------------------------------------------------------ request lifetime
 
-    def open_rows(self, rows: torch.Tensor, keys: torch.Tensor | None = None) -> None:
+    def open_rows(self, rows: torch.Tensor, keys: torch.Tensor | None = None, shared: np.ndarray | None = None) -> None:
         """Start requests in ``rows`` (empty rows). ``keys``: a stable identity per request (default: the row),
-        so that policies decide the same whatever row an engine gives the request."""
+        so that policies decide the same whatever row an engine gives the request. ``shared[i]`` (host ints,
+        default 0): the number of leading entries row ``rows[i]`` registers first from pages it does not own (a
+        tree prefix); each keeps its policy state in the row's own cells."""
         self.settle()
         assert not bool(self.active[rows].any()), "row already in use"
         self.active[rows] = True
         self.live_len[rows] = 0
         self.logical_len[rows] = 0
         self.row_key[rows] = rows.to(torch.int64) if keys is None else keys.to(torch.int64)
+        self.states.open(rows, shared)
 
     def close_row(self, row: int) -> torch.Tensor:
         """End a request: drop its entries and return the private pages it held (the caller frees them, after
@@ -128,6 +134,7 @@ class TokenTable(RowReads, Registration):
         self.pages.live[pages] = 0
         self.active[row] = False
         self.live_len[row] = 0
+        self.states.close(row)
         return pages
 
     # ------------------------------------------------------------------ appends
@@ -182,6 +189,7 @@ class TokenTable(RowReads, Registration):
         assert int(self.live_len[affected].sum() - keep.sum()) == len(cols), "duplicate victims"
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept columns first, in order
         self.slots[affected, :width] = torch.gather(self.slots[affected, :width], 1, order)
+        self.states.compact_rows(affected, width, keep, order)
         self.live_len[affected] = keep.sum(1)
         self.readers.index_add_(0, victims, torch.full_like(victims, -1, dtype=torch.int32))
         return self.pages.add_live(victims, -1)
@@ -198,16 +206,18 @@ class TokenTable(RowReads, Registration):
 
     def apply_moves(self, rows: torch.Tensor, cols: torch.Tensor, new_slots: torch.Tensor) -> None:
         """Publish a relocation: the entries at ``(rows, cols)`` now live at ``new_slots`` (their K/V already
-        copied there, into fresh slots). Live counts move from old to new pages; the metadata of each old slot is
-        copied to its new one (an old slot of the tree keeps its own for its other readers); logical ids and order
-        are unchanged. The old pages are not freed here: the reclaimer releases them after the grace period."""
+        copied there, into fresh slots of their rows' own pages). Live counts move from old to new pages; each
+        entry's logical id and policy state go to its new slot (a tree slot keeps its own for its other readers;
+        a shared entry becomes private, ``StateStore.move_sources``); logical ids and order are unchanged. The old
+        pages are not freed here: the reclaimer releases them after the grace period."""
         self.settle()
         rows, cols = rows.to(torch.int64), cols.to(torch.int64)
         old = self.slots[rows, cols].to(torch.int64)
         new = new_slots.to(torch.int64)
         self.logical[new] = self.logical[old]
+        src = self.states.move_sources(rows, cols, old)
         for t in self.state.values():
-            t[new] = t[old]
+            t[new] = t[src]
         self.readers[new] = 1
         self.readers.index_add_(0, old, torch.full_like(old, -1, dtype=torch.int32))
         self.pages.add_live(old, -1)

@@ -4,12 +4,13 @@
 //
 // register_tokens: TokenTable.sync_new_tokens(rows, counts, claim_pages=claim) for tokens the engine already wrote
 //   into the row store. Per row r (distinct) and k < counts: slot s = slots[r, live_len[r] + k] gets logical id
-//   logical_len[r] + k, its policy state zeroed if it had no reader, one more reader; its page p = s / page_size is
-//   claimed by r when untracked (owner -1) and claim is set, and counts one more live token when private
-//   (owner >= 0). Then live_len[r] and logical_len[r] grow by counts.
+//   logical_len[r] + k, its per-slot policy state zeroed if it had no reader, one more reader; its page
+//   p = s / page_size is claimed by r when untracked (owner -1) and claim is set, and counts one more live token
+//   when private (owner >= 0). Then live_len[r] and logical_len[r] grow by counts.
 // fold_rows: RowReads.add_row_state ("sum": every live entry of rows[i] in columns j < min(live_len, width) adds
-//   values[i, j] to its slot's state) and set_row_state ("amax": each slot written takes the largest value its
-//   readers among rows give).
+//   values[i, j] to its state cell) and set_row_state ("set": writes it). The cell of entry (r, j) is the row's
+//   own, pool_slots + shared_base[r] + j, for j < n_shared[r] (its shared prefix), else its slot (state_store.py):
+//   every entry has a cell of its own (rows distinct).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -48,8 +49,8 @@ void register_tokens(const at::Tensor& slots, const at::Tensor& rows, const at::
               "owner, page_live: int32 [pages]");
   std::vector<float*> state;
   for (const auto& t : states) {
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == logical.numel(),
-                "states: float32 [pool slots]");
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() >= logical.numel(),
+                "states: float32 [pool slots + extents]");
     state.push_back(t.data_ptr<float>());
   }
   const auto r_idx = rows.to(at::kLong).contiguous();
@@ -87,37 +88,41 @@ void register_tokens(const at::Tensor& slots, const at::Tensor& rows, const at::
 }
 
 void fold_rows(at::Tensor state, const at::Tensor& slots, const at::Tensor& rows, const at::Tensor& live_len,
-               const at::Tensor& values, c10::string_view reduce) {
+               const at::Tensor& n_shared, const at::Tensor& shared_base, int64_t pool_slots, const at::Tensor& values,
+               c10::string_view reduce) {
   check_table_tensors(slots, live_len);
-  TORCH_CHECK(state.scalar_type() == at::kFloat && state.is_contiguous(), "state: float32 [pool slots]");
+  TORCH_CHECK(state.scalar_type() == at::kFloat && state.is_contiguous() && state.numel() >= pool_slots,
+              "state: float32 [pool slots + extents]");
+  TORCH_CHECK(n_shared.scalar_type() == at::kLong && shared_base.scalar_type() == at::kLong &&
+                  n_shared.is_contiguous() && shared_base.is_contiguous() && n_shared.numel() == slots.size(0) &&
+                  shared_base.numel() == slots.size(0),
+              "n_shared, shared_base: int64 [rows]");
   TORCH_CHECK(values.dim() == 2 && values.size(0) == rows.numel(), "values: [rows, width]");
-  const bool amax = reduce == "amax";
-  TORCH_CHECK(amax || reduce == "sum", "reduce: sum or amax");
+  const bool set = reduce == "set";
+  TORCH_CHECK(set || reduce == "sum", "reduce: sum or set");
   const auto r_idx = rows.to(at::kLong).contiguous();
   const auto v = values.to(at::kFloat).contiguous();
-  const int64_t context = slots.size(1), width = v.size(1), pool_slots = state.numel();
+  const int64_t context = slots.size(1), width = v.size(1), cells = state.numel();
   const int32_t* store = slots.data_ptr<int32_t>();
   const int64_t* live = live_len.data_ptr<int64_t>();
+  const int64_t* shared = n_shared.data_ptr<int64_t>();
+  const int64_t* base = shared_base.data_ptr<int64_t>();
   const int64_t* r_ptr = r_idx.data_ptr<int64_t>();
   const float* val = v.data_ptr<float>();
   float* out = state.data_ptr<float>();
-  auto entries = [&](int64_t i) {
+  for (int64_t i = 0; i < r_idx.numel(); ++i) {
     const int64_t r = r_ptr[i];
     TORCH_CHECK(r >= 0 && r < slots.size(0), "row ", r, " out of range");
-    return std::min(live[r], width);
-  };
-  if (amax) {  // the slots written forget their old value (scatter_reduce's include_self=False)
-    for (int64_t i = 0; i < r_idx.numel(); ++i) {
-      const int32_t* row_slots = store + r_ptr[i] * context;
-      for (int64_t j = 0, n = entries(i); j < n; ++j) out[checked_slot(row_slots, j, pool_slots)] = -INFINITY;
-    }
-  }
-  for (int64_t i = 0; i < r_idx.numel(); ++i) {
+    const int64_t n = std::min(live[r], width), ns = std::min(shared[r], n);
     const float* row_values = val + i * width;
-    const int32_t* row_slots = store + r_ptr[i] * context;
-    for (int64_t j = 0, n = entries(i); j < n; ++j) {
+    const int32_t* row_slots = store + r * context;
+    TORCH_CHECK(ns == 0 || (base[r] >= 0 && pool_slots + base[r] + ns <= cells), "row ", r,
+                "'s shared extent is outside the state's cells");
+    float* own = out + pool_slots + base[r];
+    for (int64_t j = 0; j < ns; ++j) own[j] = set ? row_values[j] : own[j] + row_values[j];
+    for (int64_t j = ns; j < n; ++j) {
       const int64_t s = checked_slot(row_slots, j, pool_slots);
-      out[s] = amax ? std::max(out[s], row_values[j]) : out[s] + row_values[j];
+      out[s] = set ? row_values[j] : out[s] + row_values[j];
     }
   }
 }
@@ -128,7 +133,8 @@ TORCH_LIBRARY_FRAGMENT(vtoken_cpu, m) {
   m.def("register_tokens(Tensor slots, Tensor rows, Tensor counts, Tensor(a!) live_len, Tensor(b!) logical_len, "
         "Tensor(c!) logical, Tensor(d!) readers, Tensor(e!)[] states, Tensor(f!) owner, Tensor(g!) page_live, "
         "int page_size, bool claim) -> ()");
-  m.def("fold_rows(Tensor(a!) state, Tensor slots, Tensor rows, Tensor live_len, Tensor values, str reduce) -> ()");
+  m.def("fold_rows(Tensor(a!) state, Tensor slots, Tensor rows, Tensor live_len, Tensor n_shared, Tensor shared_base, "
+        "int pool_slots, Tensor values, str reduce) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vtoken_cpu, CPU, m) {

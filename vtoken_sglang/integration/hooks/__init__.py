@@ -5,7 +5,8 @@ named by the job it does and kept in a module by the part of SGLang it hooks (``
 each other).
 
 ``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones
-registered only with a score-based policy (a Python call per attention layer per step is not free).
+registered only with a score-based policy (a Python call per attention layer per step is not free);
+``PREFILL_SCORING_HOOKS``: only with a policy scored at prefill.
 """
 
 from __future__ import annotations
@@ -51,4 +52,10 @@ HOOKS = {
 }
 SCORING_HOOKS = {
     "sglang.srt.layers.radix_attention.RadixAttention.forward": ("AFTER", forward.keep_scored_query),
+}
+PREFILL_SCORING_HOOKS = {
+    "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len": (
+        "AROUND",
+        admission.leave_scored_window_to_extend,
+    ),
 }

@@ -1,5 +1,5 @@
-"""Hooks on SGLang's admission and retraction: reservations capped by eviction budgets (``admission``), and
-reclaim before retracting."""
+"""Hooks on SGLang's admission and retraction: reservations capped by eviction budgets (``admission``), the radix
+cache's match leaving a prefill-scored prompt its window, and reclaim before retracting."""
 
 from __future__ import annotations
 
@@ -55,3 +55,15 @@ def reclaim_before_retract(original, batch, *args, **kwargs):
     if ok or rt is None or rt.reclaim_under_pressure() == 0:
         return ok
     return original(batch, *args, **kwargs)
+
+
+def leave_scored_window_to_extend(original, req, input_len):
+    """AROUND ``Req._compute_max_prefix_len`` (policies scored at prefill): a prompt is scored by the attention of
+    its last ``--vtoken-window`` queries, which only its own prefill computes (a cached prefix has no queries). The
+    radix cache's match leaves at least those tokens to extend, so a request scores the same window whether it ran
+    alone or another request had cached the rest of its prompt."""
+    limit = original(req, input_len)
+    scorer = process.current_scorer()
+    if scorer is None or scorer.prefill_window <= 0:
+        return limit
+    return max(min(limit, input_len - scorer.prefill_window), 0)

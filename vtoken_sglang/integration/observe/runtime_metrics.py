@@ -14,9 +14,12 @@ def metrics(rt) -> dict:
     pool, table = rt.pool, rt.table
     table.settle()
     active = table.active
-    # one read: managed rows, their live tokens, private pages, the live tokens in those
-    rows, live, *occupancy = torch.cat(
-        [torch.stack([active.sum(), torch.where(active, table.live_len, 0).sum()]), pool.private_occupancy()]
+    # one read: managed rows, their live tokens, the shared entries among them, private pages, their live tokens
+    rows, live, shared, *occupancy = torch.cat(
+        [
+            torch.stack([active.sum(), torch.where(active, table.live_len, 0).sum(), table.states.shared_entries()]),
+            pool.private_occupancy(),
+        ]
     ).tolist()
     assert rt.rows.n_managed == rows, "managed-row count out of step with the Token Table"
     return {
@@ -29,6 +32,9 @@ def metrics(rt) -> dict:
         "pending_pages": rt.reclaimer.pending_pages(),
         "reserved_pages": pool.reserved_pages(),
         "vtoken_device_bytes": rt.device_bytes,
+        "state_shared_entries": shared,
+        "state_capacity": table.states.capacity,
+        "state_compactions": table.states.compactions,
         "kv_pool_bytes": rt.kv_pool_bytes,
         **rt.stats.as_dict(with_tree=rt.tree is not None),
         **(rt.scores.metrics() if rt.scores is not None else {}),

@@ -116,8 +116,10 @@ class RequestRows:
         rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64, device=dev)
         lens = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64, device=dev)
         keys = torch.tensor([request_key(r) for r in reqs], dtype=torch.int64, device=dev)
-        protected = torch.tensor([r.kv.cache_protected_len for r in reqs], dtype=torch.int64, device=dev)
-        self.table.open_rows(rows, keys)
+        host_protected = np.fromiter((r.kv.cache_protected_len for r in reqs), dtype=np.int64, count=len(reqs))
+        protected = torch.from_numpy(host_protected).to(dev)
+        # the tree prefix is read from pages the row does not own: its policy state is the request's own cells
+        self.table.open_rows(rows, keys, shared=host_protected)
         # register the whole row; only the request's own pages (past the tree prefix) are claimed and counted
         self.table.sync_new_tokens(rows, protected)
         self.table.sync_new_tokens(rows, lens - protected, claim_pages=True)
