@@ -8,12 +8,14 @@ request rows are SGLang 0.5.23's default for that pool and context (``pool_confi
 clamped to [2048, 4096], at most tokens / 2). vToken's bytes are computed by the code that allocates them in the
 server (``runtime.device_bytes`` over a ``TokenTable``, ``PagePool`` and ``RequestRows`` built on the meta
 device: nothing is allocated); the PagePool here keeps a free list, which the server's leaves to SGLang, so the
-figure is an upper bound. Decode-scored policies (h2o, tova, scissorhands) add the score collector's query buffers
-(``DecodeQueryBuffers``: every layer, ``DEFAULT_ROWS`` requests, bf16). ``row-aligned`` is what the table held
-before its metadata was keyed by KV slot: one int32 ``logical`` and one float32 per policy state, each
-``[rows x context]``. Then the tiny model in a real server
-(CPU, its 16K-token pool, SGLang's 2048 rows x 32K): ``vtoken_device_bytes`` and ``kv_pool_bytes`` as
-``/get_server_info`` reports them. Target: <= 1% of the KV pool's bytes for every policy and real geometry.
+figure is an upper bound. A policy's state is a float32 per slot and as many again for the shared prefixes requests
+read (``StateStore``'s first capacity: each request keeps its own state for them; the server grows it only when the
+live shared entries need more, and reports it as ``state_capacity``). Decode-scored policies (h2o, tova,
+scissorhands) add the score collector's query buffers (``DecodeQueryBuffers``: every layer, ``DEFAULT_ROWS``
+requests, bf16). ``row-aligned`` is what the table held before its metadata was keyed by KV slot: one int32
+``logical`` and one float32 per policy state, each ``[rows x context]``. Then the tiny model in a real server (CPU,
+its 16K-token pool, SGLang's 2048 rows x 32K): ``vtoken_device_bytes`` and ``kv_pool_bytes`` as ``/get_server_info``
+reports them. Target: <= 1% of the KV pool's bytes for every policy and real geometry.
 """
 
 from __future__ import annotations

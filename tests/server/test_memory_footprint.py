@@ -18,7 +18,7 @@ def test_memory_footprint_of_real_geometries(tmp_path):
     assert rec["worst_pct"] <= 1.0 and "target <= 1%" in run.stdout
     for model in ("Llama-3.1-8B", "Qwen2.5-7B", "Mistral-7B"):  # the same pool: the same bytes at 8K and 128K
         h2o = {g["context"]: g for g in geos if g["model"] == model and g["policy"] == "h2o"}
-        per_row = 33  # live_len, logical_len, row_key, offset (int64), active (bool)
+        per_row = 49  # live_len, logical_len, row_key, offset, n_shared, shared base (int64), active (bool)
         grown = h2o[131072]["vtoken_device_bytes"] - h2o[8192]["vtoken_device_bytes"]
         assert grown == per_row * (h2o[131072]["rows"] - h2o[8192]["rows"])
         metadata = h2o[131072]["vtoken_device_bytes"] - h2o[131072]["query_buffer_bytes"]

@@ -24,6 +24,8 @@ _rng = random.Random(3)
 TURN = list(range(100, 177))  # the two-turn conversation's first prompt (77 tokens)
 # the last prompt is shorter than a page: no tree prefix, so the request's release hands SGLang one page
 PROMPT_IDS = [[_rng.randrange(10, 2000) for _ in range(40 + 23 * i)] for i in range(6)] + [[11, 12, 13, 14, 15]]
+SYSTEM = [_rng.randrange(10, 2000) for _ in range(160)]  # a system prompt (10 pages) and six questions on it
+QUESTIONS = [[_rng.randrange(10, 2000) for _ in range(12)] for _ in range(6)]
 
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
@@ -286,24 +288,25 @@ def hf_mean_attention(model, ids: list[int], window: int = 0) -> torch.Tensor:
 
 AT_PREFILL = scored("prefill")  # the built-in policies scored once per prompt (snapkv), the others at decode
 SCORE_POLICIES = tuple(p for p in scored("decode", "prefill") if p != "h2o")  # h2o: built in and as SPEC, below
-# servers run with SGLang's overlap scheduler off: Naive-Evict for tova and scissorhands, and h2o written in a test
-# module; their vToken counterparts (and h2o built in) run with it on
-SERIAL = {("tova", "off"), ("scissorhands", "off"), (SPEC, "on")}
+# servers run with SGLang's overlap scheduler off: Naive-Evict for tova, scissorhands and h2o (written in a test
+# module); their vToken counterparts (and h2o built in) run with it on
+SERIAL = {("tova", "off"), ("scissorhands", "off"), (SPEC, "off")}
 TWO_TURNS = {("tova", "off"), ("snapkv", "off"), ("h2o", "on")}  # a two-turn conversation before the load
 
 
 @pytest.fixture(scope="module")
 def score_servers(tiny_model, tmp_path_factory):
-    """tova, scissorhands and snapkv with reclaim off (Naive-Evict) and on, and h2o built in and written in a test
-    module (``own_policy.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH), all at budget 96, with
-    SGLang's overlap scheduler on except ``SERIAL``: the same load on each; first, on the reclaim-off tova and
-    snapkv servers the scores they collect, and on ``TWO_TURNS`` a two-turn conversation. ``(policy, reclaim)`` ->
-    (outputs, vToken state, log), and the dumps and cached counts."""
+    """tova, scissorhands and snapkv with reclaim off (Naive-Evict) and on, and h2o built in (reclaim on) and
+    written in a test module (``own_policy.SPEC``, served through ``--vtoken-policy`` from PYTHONPATH; reclaim off),
+    all at budget 96, with SGLang's overlap scheduler on except ``SERIAL``: the same load on each; first, on the
+    reclaim-off tova and snapkv servers the scores they collect, and on ``TWO_TURNS`` a two-turn conversation;
+    after the load, the shared-prefix load of ``isolation``. ``(policy, reclaim)`` -> (outputs, vToken state, log),
+    the dumps, the cached counts, and ``(policy, reclaim)`` -> ``isolation``'s results."""
     from vtoken_sglang.tools.launcher import SglangServer, default_server_args
 
     tmp_path = tmp_path_factory.mktemp("scores")
     configs = [(policy, reclaim) for policy in SCORE_POLICIES for reclaim in ("off", "on")]
-    configs += [("h2o", "on"), (SPEC, "on")]
+    configs += [("h2o", "on"), (SPEC, "off")]
     servers, dump_of = {}, {}
     for policy, reclaim in configs:
         flags = default_server_args() + [
@@ -326,7 +329,7 @@ def score_servers(tiny_model, tmp_path_factory):
             dump_of[policy] = tmp_path / f"{policy}-{reclaim}.pt"
             env = {**STRICT, "VTOKEN_SGLANG_SCORE_DUMP": str(dump_of[policy])}
         servers[policy, reclaim] = SglangServer(tiny_model, flags, env=env)
-    dumps, cached = {}, {}
+    dumps, cached, isolated = {}, {}, {}
 
     def run(config: tuple[str, str], s: SglangServer) -> tuple:
         policy, reclaim = config
@@ -352,12 +355,40 @@ def score_servers(tiny_model, tmp_path_factory):
         sampling = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
         out = s.post("/generate", {"input_ids": PROMPT_IDS, "sampling_params": sampling})
         time.sleep(2)
-        return [o["output_ids"] for o in out], s.get("/get_server_info")["internal_states"][0]["vtoken"], s.log_text()
+        state = s.get("/get_server_info")["internal_states"][0]["vtoken"]
+        isolated[config] = isolation(s)
+        return [o["output_ids"] for o in out], state, s.log_text()
 
     items, runs = list(servers.items()), {}
     for at in range(0, len(items), 4):  # 4 at a time: memory
         runs.update(on_servers(dict(items[at : at + 4]), run))
-    return runs, dumps, cached
+    return runs, dumps, cached, isolated
+
+
+def isolation(s) -> dict:
+    """Requests reading one system prompt: SYSTEM + question 0 alone (cold: nothing cached), then with the five
+    other questions in one batch (SYSTEM from the radix tree, read by six requests at once), then alone again
+    (warm); then a nested fork program (branches, and branches of branches, reading each other's prefixes), run
+    twice (the second on a warm tree). Each prompt is over budget from its first decode step."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "python"))
+    import multi_turn_fork
+
+    sampling = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+    alone, together, again = (
+        s.post("/generate", {"input_ids": ids, "sampling_params": sampling})
+        for ids in (SYSTEM + QUESTIONS[0], [SYSTEM + q for q in QUESTIONS], SYSTEM + QUESTIONS[0])
+    )
+    forks = [multi_turn_fork.run(s.url, ["memory pages"], branches=2, max_tokens=24, nested=2) for _ in range(2)]
+    time.sleep(2)
+    return {
+        "alone": alone["output_ids"],
+        "together": [o["output_ids"] for o in together],
+        "again": again["output_ids"],
+        "cached": [o["meta_info"]["cached_tokens"] for o in [alone, *together, again]],
+        "forks": forks,
+        "state": s.get("/get_server_info")["internal_states"][0]["vtoken"],
+        "log": s.log_text(),
+    }
 
 
 @pytest.mark.server
@@ -370,7 +401,7 @@ def test_server_collects_hf_equal_scores_and_score_policies_are_transparent(scor
     its output. (h2o also runs in test_tp: TP 2, scores summed over the ranks.)"""
     from transformers import AutoModelForCausalLM
 
-    runs, dumps, cached = score_servers
+    runs, dumps, cached, _ = score_servers
     # 77 + 9 tokens: 5 whole pages in the tree after the first turn, against 4 from its prompt alone
     assert cached == {"tova": 80, "snapkv": 80, "h2o": 80}, cached
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
@@ -410,7 +441,7 @@ def test_score_policies_with_the_overlap_scheduler_on_and_off(score_servers):
     on), the same victims and tokens."""
     runs = score_servers[0]
     pairs = [
-        (("h2o", "on"), (SPEC, "on")),
+        (("h2o", "on"), (SPEC, "off")),
         (("tova", "on"), ("tova", "off")),
         (("scissorhands", "on"), ("scissorhands", "off")),
     ]
@@ -426,16 +457,38 @@ def test_score_policies_with_the_overlap_scheduler_on_and_off(score_servers):
 
 @pytest.mark.server
 def test_server_serves_a_policy_of_ones_own(score_servers):
-    """The same load under built-in h2o and under own_policy's HeavyHitters (imported in the launcher and
-    in the scheduler from PYTHONPATH): evictions, identical victims and tokens, nothing leaked."""
+    """The same load under built-in h2o (vToken) and under own_policy's HeavyHitters (Naive-Evict; imported in the
+    launcher and in the scheduler from PYTHONPATH): evictions, identical victims and tokens, nothing leaked."""
     runs = score_servers[0]
-    (ids_builtin, st_builtin, _), (ids_own, st_own, log_own) = runs["h2o", "on"], runs[SPEC, "on"]
+    (ids_builtin, st_builtin, _), (ids_own, st_own, log_own) = runs["h2o", "on"], runs[SPEC, "off"]
     assert st_own["tokens_evicted"] == st_builtin["tokens_evicted"] > 0
     assert st_own["digest_victims"] == st_builtin["digest_victims"]
     assert ids_own == ids_builtin
-    assert st_own["pages_reclaimed"] > 0 and st_own["position_mismatches"] == 0
+    assert st_builtin["pages_reclaimed"] > 0 and st_own["position_mismatches"] == 0
     assert f"scheduler tp_rank=0: vToken on: policy={SPEC} " in log_own  # the scheduler built it
     assert "Traceback" not in log_own and "memory leak" not in log_own
+
+
+@pytest.mark.server
+def test_a_requests_output_does_not_depend_on_who_reads_its_prefix(score_servers):
+    """Every score policy (h2o, tova, scissorhands, snapkv; vToken and Naive-Evict) decides from each request's
+    own attention, a shared prefix's tokens included: a request's greedy output alone (cold), among five others
+    reading its system prompt from the radix tree at the same time, and alone again (warm) is the same; a nested
+    fork program gives the same tokens on a warm tree as on its first run; and vToken gives Naive-Evict's tokens
+    on this shared load."""
+    runs, iso = score_servers[0], score_servers[3]
+    for config, r in iso.items():
+        assert r["alone"] == r["together"][0] == r["again"], config
+        assert r["forks"][0] == r["forks"][1], config
+        assert r["cached"][0] == 0 and min(r["cached"][2:]) >= len(SYSTEM), (config, r["cached"])  # the tree's
+        st = r["state"]
+        assert st["tokens_evicted"] > runs[config][1]["tokens_evicted"], config  # the shared load evicted
+        assert st["live_tokens"] == 0 and st["state_shared_entries"] == 0 and st["position_mismatches"] == 0, config
+        assert "Traceback" not in r["log"] and "memory leak" not in r["log"], config
+    for naive, vtoken in [((p, "off"), (p, "on")) for p in SCORE_POLICIES] + [((SPEC, "off"), ("h2o", "on"))]:
+        for key in ("alone", "together", "forks"):
+            assert iso[naive][key] == iso[vtoken][key], (vtoken, key)
+    assert sum(r["state"].get("cow_copies", 0) for r in iso.values()) > 0  # shared pages went by copy-on-write
 
 
 def test_a_forward_to_score_without_queries_is_counted_and_said(caplog):

@@ -1,10 +1,10 @@
 """The policy interface: given the Token Table's live rows (and, where needed, attention scores), return victims.
 
-A policy is a small class: it names the per-slot state it needs (``state_names``: one float per KV slot, read and
-written through the rows), updates it from attention (``observe``) if it uses scores, and ranks live entries by
-``keep_score`` (higher = keep). What it needs of the engine it declares: when it is scored (``needs_scores``,
-``scored_at``; ``scoring``) and its own options (``options``: ``config`` serves each as ``--vtoken-<name>``). The
-shared driver ``select_victims`` does the rest, vectorized over requests:
+A policy is a small class: it names the per-token state it needs (``state_names``: one float per live entry, each
+request's own, read and written through the rows), updates it from attention (``observe``) if it uses scores, and
+ranks live entries by ``keep_score`` (higher = keep). What it needs of the engine it declares: when it is scored
+(``needs_scores``, ``scored_at``; ``scoring``) and its own options (``options``: ``config`` serves each as
+``--vtoken-<name>``). The shared driver ``select_victims`` does the rest, vectorized over requests:
 
 - budget per request: ``budget`` tokens, or ``ceil(budget_ratio * logical_len)``, never below
   ``PolicyConfig.floor`` (sinks + recent, and at least sinks + 1: the newest token always stays);
@@ -107,9 +107,9 @@ def scoring(cls: type[Policy]) -> str:
 
 class Policy(abc.ABC):
     """Subclass it for a policy of your own (served with ``--vtoken-policy package.module:ClassName``): name the
-    per-token state you keep (``state_names``: float32, one value per KV slot, shared by every request reading the
-    slot, moved with its token, 0 when the token gets its first reader), fold attention into it in ``observe`` if
-    ``needs_scores``, and rank in ``keep_score``."""
+    per-token state you keep (``state_names``: float32, one value per live entry, each request's own even for a
+    shared prefix's tokens, moved with its token, 0 when the request starts reading it), fold attention into it in
+    ``observe`` if ``needs_scores``, and rank in ``keep_score``."""
 
     name: str = ""
     needs_scores: bool = False

@@ -10,7 +10,8 @@ Invariants: the tree's slots are never written or moved here (copy, never move),
 eviction of nodes nobody locks (``_make_room``, for the pages of a copy); a request that copied is
 never inserted into the tree (``skip_radix_cache_insert`` is set at a request's first eviction); after a copy, the
 request's row holds tree slots only for logical positions below its new ``cache_protected_len`` (the cut) and
-its lock is on the node at the cut.
+its lock is on the node at the cut. The copies are a suffix of the row's shared prefix, so each entry's own policy
+state goes with it into its private slot (``TokenTable.apply_moves``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 policy's per-token state.
 
 - decode (h2o, tova, scissorhands): after a scored step, every running request's attention over its live keys is
-  folded into the policy's state of the KV slots holding those keys (``Policy.observe``: one value per slot, so a
-  tree prefix's slot folds the attention of every request reading it), in the eviction round (before the next
+  folded into the policy's state of those entries (``Policy.observe``: each request's own, a tree prefix's entries
+  included, so a request's state folds its own attention only), in the eviction round (before the next
   forward starts, with SGLang's overlap scheduler or without it). Such a request is managed from its first scored
   step (its state must exist before it first exceeds its budget); its row stays dense and insertable in the radix
   tree until it first evicts.
