@@ -4,7 +4,7 @@
 
 Needs torch and triton only (no sglang, no pytest); imports ``vtoken_sglang.core``, ``vtoken_sglang.scoring``,
 ``vtoken_sglang.tools.kv_engine`` (the test K/V engine) and ``scoring_cost.py``, ``graph_queries.py``,
-``window_plans.py`` beside it.
+``state_cells.py``, ``window_plans.py`` beside it.
 Rows (``check  result  figure  unit/notes``), printed as each one finishes:
 
 - correctness (``ok``/``FAIL``; any FAIL makes the exit status 1):
@@ -23,6 +23,9 @@ Rows (``check  result  figure  unit/notes``), printed as each one finishes:
   ``triton_scores``  the Triton scoring kernel equals the torch reference (GQA groups 1-4, head dims that are
                   not powers of two, partial blocks, an empty row);
   ``window_scores``  SnapKV's ``window_scores_headsum`` on the device against a float64 CPU computation;
+  ``state_per_request``  ``state_cells.check``: each request's own policy state (a shared prefix's included) on a
+                  device Token Table, through folds, evictions, copy-on-write moves, packing and growth of the
+                  cells: equal to a CPU table's bit for bit and to an account kept by (request, logical);
   ``flashinfer_window``  ``window_plans.check``: sliding windows by logical position over compacted, relocated rows
                   as vToken's FlashInfer hook plans them (each row's suffix ``(w, start)``): the indices point at
                   the live tokens of the logical window; where FlashInfer is installed (CUDA), its decode kernel
@@ -617,6 +620,20 @@ def check_window(s: Setup) -> Row:
     )
 
 
+def check_state_cells(s: Setup) -> Row:
+    import state_cells
+
+    r = state_cells.check(s.device)
+    return Row(
+        "state_per_request",
+        "ok",
+        f"{r['steps']}",
+        f"steps: every live entry's state its request's own, {s.device} == CPU bit for bit; cells packed "
+        f"{r['compactions']} times, grown {r['capacity0']} -> {r['capacity']}",
+        data=r,
+    )
+
+
 def check_window_plans(s: Setup) -> Row:
     import window_plans
 
@@ -715,6 +732,7 @@ def run_checks(s: Setup) -> list[Row]:
         guarded_rows("copy_time", False, time_copy_rows(s)),
         single("triton_scores", check_triton, s),
         single("window_scores", check_window, s),
+        single("state_per_request", check_state_cells, s),
         single("flashinfer_window", check_window_plans, s),
         guarded_rows("scoring_cost", False, scoring_rows(s)),
         single("graph_queries", check_graph_queries, s),

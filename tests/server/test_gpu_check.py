@@ -18,6 +18,7 @@ CHECKS = (
     "copy_time[",
     "triton_scores",
     "window_scores",
+    "state_per_request",
     "flashinfer_window",
     "scoring_cost[",
     "graph_queries",
