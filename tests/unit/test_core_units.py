@@ -456,7 +456,7 @@ def test_state_cells_are_compacted_and_grow_with_what_is_live():
         start(row, 12)  # 36 cells: the capacity
     eng.close(1)
     start(3, 10)  # 24 live + 10 > 36? no: packed, then placed
-    assert st.compactions == 1 and st.capacity == 36 and st._top == 34
+    assert st.compactions == 1 and st.capacity == 36 and st.top == 34
     start(4, 16)  # 34 + 16 > 36: packed (34 live), grown to max(72, 50)
     assert st.compactions == 2 and st.capacity == 72
     for row, n in ((0, 12), (2, 12), (3, 10), (4, 16)):
@@ -469,7 +469,7 @@ def test_state_cells_are_compacted_and_grow_with_what_is_live():
     )
     for row in (0, 2, 3, 4):
         eng.close(row)
-    assert st._top == 0 and int(st.n_shared.sum()) == 0
+    assert st.top == 0 and int(st.n_shared.sum()) == 0
 
 
 def test_deferred_decode_tokens_settle_to_one_sync_per_step():

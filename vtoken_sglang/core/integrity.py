@@ -72,15 +72,15 @@ def _check_state_cells(table: TokenTable, rows: torch.Tensor, cols: torch.Tensor
         not bool((~shared & ~private).any()),
         "an entry on a page the row does not own is past its shared prefix: its state would be every reader's (I5)",
     )
-    held = np.flatnonzero(st._host_cap)
-    base, cap = st._host_base[held], st._host_cap[held]
-    _require(bool(table.active[torch.from_numpy(held)].all()), "an ended row holds state cells (I5)")
-    _require(bool((ns[torch.from_numpy(held)].cpu().numpy() <= cap).all()), "a shared prefix outgrew its cells (I5)")
-    _require(torch.equal(st.base[torch.from_numpy(held)].cpu(), torch.from_numpy(base)), "state cells moved (I5)")
+    held, base, cap = st.extents()
+    on_dev = torch.from_numpy(held).to(ns.device)
+    _require(bool(table.active[on_dev].all()), "an ended row holds state cells (I5)")
+    _require(bool((ns[on_dev].cpu().numpy() <= cap).all()), "a shared prefix outgrew its cells (I5)")
+    _require(torch.equal(st.base[on_dev].cpu(), torch.from_numpy(base)), "state cells moved (I5)")
     order = np.argsort(base)
     ends = (base + cap)[order]
     _require(bool((ends[:-1] <= base[order][1:]).all()), "two rows' state cells overlap (I5)")
-    _require(not len(ends) or int(ends[-1]) <= st._top <= st.capacity, "state cells beyond the capacity (I5)")
+    _require(not len(ends) or int(ends[-1]) <= st.top <= st.capacity, "state cells beyond the capacity (I5)")
 
 
 def check_integrity(

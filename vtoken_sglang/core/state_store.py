@@ -41,7 +41,7 @@ class StateStore:
         self.base = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self._host_base = np.zeros(num_rows, dtype=np.int64)
         self._host_cap = np.zeros(num_rows, dtype=np.int64)  # extent cells of each row (0: none)
-        self._top = 0
+        self.top = 0  # extent cells handed out since the last packing (the next extent starts here)
         self.compactions = 0
 
     def nbytes(self) -> int:
@@ -57,22 +57,22 @@ class StateStore:
         need = int(counts.sum())
         if need == 0:
             return
-        if self._top + need > self.capacity:
+        if self.top + need > self.capacity:
             self._compact(need)
         host_rows = rows.cpu().numpy()
-        bases = self._top + np.cumsum(counts) - counts
+        bases = self.top + np.cumsum(counts) - counts
         self._host_base[host_rows], self._host_cap[host_rows] = bases, counts
         self.base[rows] = torch.from_numpy(bases).to(self.base.device)
         for t in self.tensors.values():
-            t[self.pool_slots + self._top : self.pool_slots + self._top + need] = 0
-        self._top += need
+            t[self.pool_slots + self.top : self.pool_slots + self.top + need] = 0
+        self.top += need
 
     def close(self, row: int) -> None:
         """A row ends: its extent is free (taken back at the next compaction, or at once once none is left)."""
         self.n_shared[row] = 0
         self._host_cap[row] = 0
         if not self._host_cap.any():
-            self._top = 0
+            self.top = 0
 
     def index(self, rows: torch.Tensor, width: int, slots: torch.Tensor) -> torch.Tensor:
         """``[k, width]`` state cells of ``rows``' columns, given their slots (``slots``, the padding slot past a live
@@ -112,6 +112,11 @@ class StateStore:
         self.n_shared.scatter_reduce_(0, rows, torch.where(was, cols, ns), "amin")
         return torch.where(was, self.pool_slots + self.base[rows] + cols, old)
 
+    def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Host view of the extents handed out: ``(rows, base, cells)`` of every row that holds some."""
+        rows = np.flatnonzero(self._host_cap)
+        return rows, self._host_base[rows], self._host_cap[rows]
+
     def shared_entries(self) -> torch.Tensor:
         """Live shared entries, all rows (a device scalar)."""
         return self.n_shared.sum()
@@ -142,4 +147,4 @@ class StateStore:
         self._host_base[:], self._host_cap[:] = 0, 0
         self._host_base[host_rows], self._host_cap[host_rows] = bases, lens
         self.base[rows] = torch.from_numpy(bases).to(dev)
-        self._top = live
+        self.top = live
