@@ -373,12 +373,12 @@ def isolation(s) -> dict:
     sys.path.insert(0, str(Path(__file__).parents[2] / "python"))
     import multi_turn_fork
 
-    sampling = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+    sampling = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
     alone, together, again = (
         s.post("/generate", {"input_ids": ids, "sampling_params": sampling})
         for ids in (SYSTEM + QUESTIONS[0], [SYSTEM + q for q in QUESTIONS], SYSTEM + QUESTIONS[0])
     )
-    forks = [multi_turn_fork.run(s.url, ["memory pages"], branches=2, max_tokens=24, nested=2) for _ in range(2)]
+    forks = [multi_turn_fork.run(s.url, ["memory pages"], branches=2, max_tokens=16, nested=2) for _ in range(2)]
     time.sleep(2)
     return {
         "alone": alone["output_ids"],
