@@ -52,7 +52,8 @@ class StateStore:
     def open(self, rows: torch.Tensor, shared: np.ndarray | None) -> None:
         """Rows start; ``shared[i]``: how many leading entries row ``rows[i]`` will read from pages it does not own
         (host ints). Their cells are allocated and zeroed."""
-        counts = np.zeros(len(rows), dtype=np.int64) if shared is None or not self.tensors else np.asarray(shared)
+        declared = shared is not None and bool(self.tensors)
+        counts = np.asarray(shared, np.int64) if declared else np.zeros(len(rows), dtype=np.int64)
         self.n_shared[rows] = torch.from_numpy(counts).to(self.n_shared.device)
         need = int(counts.sum())
         if need == 0:
