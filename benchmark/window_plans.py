@@ -93,20 +93,7 @@ def check(device: str) -> dict:
         v = torch.randn(slots, 2, 64, generator=g).half().to(device)
     upstream_wrong = worst = 0.0
     for step in range(STEPS):
-        counts = torch.randint(1, 9, (len(rows),), generator=g)
-        eng.write(rows, counts)
-        for ids, n in zip(live, counts.tolist()):
-            first = ids[-1] + 1 if ids else 0
-            ids.extend(range(first, first + n))
-        vr, vc = [], []
-        for r, ids in enumerate(live):
-            cols = torch.randperm(len(ids) - 1, generator=g)[: len(ids) // 4].sort().values.tolist()
-            vr += [r] * len(cols)
-            vc += cols
-            for c in reversed(cols):
-                del ids[c]
-        eng.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
-        eng.reclaimer.step()
+        eng.load_step(rows, live, g, evict_one_in=4)
         lens = torch.tensor([len(ids) for ids in live])
         w, start = table.window_suffix(rows, lens, SPAN)
         indices = gather(table.slots, rows, w, start)

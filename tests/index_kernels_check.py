@@ -146,20 +146,7 @@ def main() -> int:
         return 1
 
     for step in range(STEPS):
-        counts = torch.randint(1, 9, (len(rows),), generator=g)
-        eng.write(rows, counts)
-        for ids, n in zip(live, counts.tolist()):
-            ids.extend(range(ids[-1] + 1 if ids else 0, (ids[-1] + 1 if ids else 0) + n))
-        # victims: a fifth of each row's entries, never its newest (the engine writes after it)
-        vr, vc = [], []
-        for r, ids in enumerate(live):
-            cols = torch.randperm(len(ids) - 1, generator=g)[: len(ids) // 5].sort().values.tolist()
-            vr += [r] * len(cols)
-            vc += cols
-            for c in reversed(cols):
-                del ids[c]
-        eng.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
-        eng.reclaimer.step()
+        eng.load_step(rows, live, g, evict_one_in=5)  # victims: a fifth of each row's entries, never its newest
         slots = table.slots  # SGLang's req_to_token: int32, one row per request
         lens = torch.tensor([len(ids) for ids in live], dtype=torch.int32)  # what SGLang's seq_lens hold
         pool_rows = rows.to(torch.int32)

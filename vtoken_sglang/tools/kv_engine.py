@@ -85,6 +85,25 @@ class KVEngine:
         r, c = torch.nonzero(pick, as_tuple=True)
         self.evict(rows[r], c)
 
+    def load_step(self, rows: torch.Tensor, live: list[list[int]], g: torch.Generator, evict_one_in: int) -> None:
+        """One step of a load whose live tokens the caller keeps its own account of (``live[i]``: the live logical
+        ids of request ``rows[i]``, in order): every request appends 1-8 tokens, loses ``len // evict_one_in`` of
+        its entries at random (never its newest), and the reclaimer takes a step; ``live`` follows."""
+        counts = torch.randint(1, 9, (len(rows),), generator=g)
+        self.write(rows, counts)
+        for ids, n in zip(live, counts.tolist()):
+            first = ids[-1] + 1 if ids else 0
+            ids.extend(range(first, first + n))
+        vr, vc = [], []
+        for row, ids in zip(rows.tolist(), live):
+            cols = torch.randperm(len(ids) - 1, generator=g)[: len(ids) // evict_one_in].sort().values.tolist()
+            vr += [row] * len(cols)
+            vc += cols
+            for c in reversed(cols):
+                del ids[c]
+        self.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
+        self.reclaimer.step()
+
     def close(self, row: int) -> None:
         """End request ``row``: its pages go back to the pool."""
         self.pool.free(self.table.close_row(row))
