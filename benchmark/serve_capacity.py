@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import re
 import sys
 import time
@@ -52,7 +53,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
 
-from vtoken_sglang.config import DECODE_SCORE_POLICIES  # noqa: E402
+from vtoken_sglang.config import DECODE_SCORE_POLICIES, VTokenConfig  # noqa: E402
+from vtoken_sglang.integration.parts.admission import Admission  # noqa: E402
+from vtoken_sglang.tools.bench_load import sharegpt_requests  # noqa: E402
 from vtoken_sglang.tools.launcher import SglangServer, default_server_args, started_together  # noqa: E402
 
 PAGE = 16
@@ -63,16 +66,20 @@ PAGE = 16
 QUICK = {TINY: (4096, 16, 32, 480, True), "real": (4096, 16, 256, 256, False)}
 RUNNING = re.compile(r"#running-req: (\d+)")
 USAGE = re.compile(r"token usage: ([0-9.]+)")
+RECENT = 16  # --vtoken-recent of every run
 TOGETHER = 4  # servers started at once (memory: a real model's server holds a few GB)
 
 
-def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) -> dict:
-    def one(ids):
+def run_load(server: SglangServer, prompts: list[list[int] | str], output_lens: list[int]) -> dict:
+    """Every prompt (token ids, or a text the server tokenizes) sent at once, each for exactly its output length
+    (greedy, ``ignore_eos``)."""
+
+    def one(prompt, output_len):
         t0 = time.monotonic()
         out = server.post(
             "/generate",
             {
-                "input_ids": ids,
+                ("text" if isinstance(prompt, str) else "input_ids"): prompt,
                 "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
             },
             timeout=1800,
@@ -81,7 +88,7 @@ def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) ->
 
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(one, prompts))
+        results = list(pool.map(one, prompts, output_lens))
     wall = time.monotonic() - t0
     lat = sorted(r[1] for r in results)
     return {
@@ -91,6 +98,58 @@ def run_load(server: SglangServer, prompts: list[list[int]], output_len: int) ->
         "p95_latency_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 2),
         "wall_s": round(wall, 1),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """The requests of a run: prompts (ids or texts), their token lengths and output lengths."""
+
+    name: str
+    prompts: list
+    prompt_lens: list[int]
+    output_lens: list[int]
+
+    def describe(self) -> str:
+        mean_in = sum(self.prompt_lens) / len(self.prompt_lens)
+        mean_out = sum(self.output_lens) / len(self.output_lens)
+        longest = max(self.prompt_lens)
+        return f"{len(self.prompts)} {self.name} requests (mean {mean_in:.0f} in, max {longest}; {mean_out:.0f} out)"
+
+
+def make_load(args, model: str) -> Load:
+    """``--dataset``: ShareGPT first turns through bench_serving's own loader, or random ids of one length."""
+    if args.dataset == "sharegpt":
+        reqs = sharegpt_requests(
+            model, args.requests, args.output_len, args.sharegpt_context_len, args.seed, args.dataset_path
+        )
+        return Load("ShareGPT", [r.prompt for r in reqs], [r.prompt_len for r in reqs], [r.output_len for r in reqs])
+    prompts = random_prompts(args.requests, args.input_len)
+    return Load("random-id", prompts, [args.input_len] * len(prompts), [args.output_len] * len(prompts))
+
+
+def ideal_running(load: Load, args, mode: str, policy: str | None) -> float:
+    """``Admission.ideal_running`` of ``load`` on the server of ``mode`` and ``policy``: vToken charged its budget
+    plus slack, Naive-Evict the same plus a page where its victims empty whole pages, else, like plain SGLang, its
+    whole length."""
+    cfg = None
+    if mode != "plain":
+        cfg = VTokenConfig.build(
+            {
+                "enable_vtoken": True,
+                "vtoken_policy": policy,
+                "vtoken_budget_ratio": args.budget_ratio,
+                "vtoken_recent": RECENT,
+            }
+        )
+    admission = Admission(
+        cfg.policy(PAGE) if cfg else None,
+        reclaim=mode == "vtoken",
+        prefix_copies=True,
+        page_size=PAGE,
+        prompt_in_tree=True,
+    )
+    final = [p + o for p, o in zip(load.prompt_lens, load.output_lens)]
+    return round(admission.ideal_running(final, args.max_total_tokens), 1)
 
 
 def mode_flags(args, mode: str, policy: str | None, ratio: float, every: int = 1) -> list[str]:
@@ -103,7 +162,7 @@ def mode_flags(args, mode: str, policy: str | None, ratio: float, every: int = 1
             "--vtoken-budget-ratio",
             str(ratio),
             "--vtoken-recent",
-            "16",
+            str(RECENT),
             "--vtoken-reclaim",
             "on" if mode == "vtoken" else "off",
         ]
@@ -112,11 +171,13 @@ def mode_flags(args, mode: str, policy: str | None, ratio: float, every: int = 1
     return flags
 
 
-def measure(server: SglangServer, args, mode: str, policy: str | None, ratio: float, every: int = 1) -> dict:
-    """The load on ``server`` (started with ``mode_flags`` of the same arguments) and the run's figures."""
+def measure(
+    server: SglangServer, args, reqs: Load, mode: str, policy: str | None, ratio: float, every: int = 1
+) -> dict:
+    """The load ``reqs`` on ``server`` (started with ``mode_flags`` of the same arguments) and the run's figures."""
     print(f"[serve_capacity] {mode} {policy or ''}: load ...", file=sys.stderr, flush=True)
     start = len(server.log_text())  # the warm-up request and any chat before it are not the load's
-    load = run_load(server, random_prompts(args.requests, args.input_len), args.output_len)
+    load = run_load(server, reqs.prompts, reqs.output_lens)
     time.sleep(1)
     info = server.get("/get_server_info")["internal_states"][0]
     log = server.log_text()[start:]
@@ -135,7 +196,12 @@ def measure(server: SglangServer, args, mode: str, policy: str | None, ratio: fl
         "requests": args.requests,
         "input_len": args.input_len,
         "output_len": args.output_len,
+        "dataset": args.dataset,
+        "mean_prompt_len": round(sum(reqs.prompt_lens) / len(reqs.prompt_lens), 1),
         "max_running_requests": max(running, default=0),
+        "ideal_running": ideal_running(reqs, args, mode, policy),
+        "peak_token_usage": max(usage, default=0.0),
+        "admission_reopened": (info.get("vtoken") or {}).get("admission_reopened"),
         "retractions": load["retractions"],
         "peak_allocated_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
         "output_throughput": load["output_throughput"],
@@ -197,7 +263,7 @@ def run_shared_prefix(model: str, args) -> list[dict]:
                 prompts = shared_prefix_prompts(
                     args.requests, degree, args.system_len, args.input_len, seed=100 * degree
                 )
-                load = run_load(server, prompts, args.output_len)
+                load = run_load(server, prompts, [args.output_len] * len(prompts))
                 time.sleep(1)
                 log = server.log_text()[start:]
                 vt = server.get("/get_server_info")["internal_states"][0]["vtoken"]
@@ -282,7 +348,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--input-len", type=int, default=None, help="prompt ids; default: 64 (--shared-prefix: the question, 16)"
     )
-    ap.add_argument("--output-len", type=int, default=960)
+    ap.add_argument(
+        "--output-len", type=int, default=None, help="default: 960 (ShareGPT: 128, its --sharegpt-output-len)"
+    )
+    ap.add_argument(
+        "--dataset",
+        choices=("sharegpt", "random"),
+        default=None,
+        help="ShareGPT first turns through bench_serving's loader (default for a real checkpoint), or random ids",
+    )
+    ap.add_argument("--dataset-path", help="ShareGPT JSON (default: the repaired copy, vtoken_sglang.tools.sharegpt)")
+    ap.add_argument("--sharegpt-context-len", type=int, default=1024, help="leave out longer prompt + output pairs")
+    ap.add_argument("--seed", type=int, default=1, help="bench_serving's --seed: which ShareGPT conversations")
     ap.add_argument(
         "--score-every",
         nargs="+",
@@ -297,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         args.policies = args.policies or ["random"]
         args.budget_ratio = args.budget_ratio or 0.25
         args.input_len = args.input_len or 16  # the question
+        args.output_len = args.output_len or 960
         args.max_total_tokens = args.max_total_tokens or 32768
         if args.quick:
             args.requests, args.system_len, args.output_len = 8, 256, 256
@@ -305,13 +383,25 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_shared_prefix(model, args)
         print_shared_prefix(runs, args)
         return finish(t0, runs, args.json)
-    args.policies = args.policies or (["random"] if args.quick and args.model_path != TINY else ["random", "streaming"])
+    real = args.model_path != TINY
+    args.dataset = args.dataset or ("sharegpt" if real else "random")
+    args.policies = args.policies or (["random"] if args.quick and real else ["random", "streaming"])
     args.budget_ratio = args.budget_ratio or 0.5
-    args.input_len, args.max_total_tokens = args.input_len or 64, args.max_total_tokens or 8192
-    if args.quick:
-        quick = QUICK[TINY if args.model_path == TINY else "real"]
-        args.max_total_tokens, args.requests, args.input_len, args.output_len, plain = quick
-    todo = [("plain", None, 1.0, 1)] if not args.quick or plain else []
+    plain = True
+    if args.dataset == "sharegpt":
+        args.output_len = args.output_len or 128
+        args.max_total_tokens = args.max_total_tokens or 4096
+        if args.quick:
+            args.requests, plain = 32, False
+    else:
+        args.input_len, args.max_total_tokens = args.input_len or 64, args.max_total_tokens or 8192
+        args.output_len = args.output_len or 960
+        if args.quick:
+            args.max_total_tokens, args.requests, args.input_len, args.output_len, plain = QUICK[
+                "real" if real else TINY
+            ]
+    load = make_load(args, model)
+    todo = [("plain", None, 1.0, 1)] if plain else []
     for policy in args.policies:
         todo += [(mode, policy, args.budget_ratio, args.score_every[0]) for mode in ("naive", "vtoken")]
         if policy in DECODE_SCORE_POLICIES:  # the cost of scoring every k steps (other victims)
@@ -324,20 +414,21 @@ def main(argv: list[str] | None = None) -> int:
         with started_together(*servers):
             if args.chat and at == 0:
                 chat(next(s for s, c in zip(servers, group) if c[0] == "vtoken"), args.chat)
-            runs += [measure(server, args, *config) for server, config in zip(servers, group)]
+            runs += [measure(server, args, load, *config) for server, config in zip(servers, group)]
     for r in runs:  # each vToken run against the Naive-Evict run of its policy (the first k of a score policy)
         naive = next((n for n in runs if n["mode"] == "naive" and n["policy"] == r["policy"]), None)
         first = r["score_every"] in (None, args.score_every[0])
-        r["identical_to_naive"] = {"naive": True, "vtoken": r["_ids"] == naive["_ids"] if first else None}.get(
-            r["mode"]
-        )
+        if r["mode"] == "vtoken":
+            r["identical_to_naive"] = r["_ids"] == naive["_ids"] if first else None
+        else:
+            r["identical_to_naive"] = True if r["mode"] == "naive" else None
     print(
-        f"serve_capacity: {args.requests} requests x ({args.input_len} in, {args.output_len} out), "
-        f"--max-total-tokens {args.max_total_tokens}, page {PAGE}, budget ratio {args.budget_ratio}"
+        f"serve_capacity: {load.describe()}, --max-total-tokens {args.max_total_tokens}, page {PAGE}, "
+        f"budget ratio {args.budget_ratio}"
     )
     hdr = (
-        f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'retract':>8}{'peak_pg':>8}{'out_tok/s':>10}{'p95_s':>7}"
-        f"{'step_ms':>8}{'score_ms':>9}{'same':>6}"
+        f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'ideal':>7}{'usage':>7}{'retract':>8}{'peak_pg':>8}"
+        f"{'out_tok/s':>10}{'p95_s':>7}{'step_ms':>8}{'score_ms':>9}{'same':>6}"
     )
     print(hdr)
     print("-" * len(hdr))
@@ -345,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         same = "-" if r["identical_to_naive"] is None else ("yes" if r["identical_to_naive"] else "NO")
         print(
             f"{r['mode']:<8}{r['policy']:<13}{dash(r['score_every'], 'd'):>6}{r['max_running_requests']:>8}"
-            f"{r['retractions']:>8}"
+            f"{dash(r['ideal_running'], '.1f'):>7}{r['peak_token_usage']:>7.2f}{r['retractions']:>8}"
             f"{r['peak_allocated_pages']:>8}{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}"
             f"{dash(r['step_ms'], '.2f'):>8}{dash(r['score_ms'], '.3f'):>9}{same:>6}"
         )
@@ -354,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         v = next(r for r in runs if r["mode"] == "vtoken" and r["policy"] == policy)  # the first k
         gain = v["max_running_requests"] / max(n["max_running_requests"], 1)
         verdict = ""
-        if policy == "random" and args.budget_ratio == 0.5:
+        if v["ideal_running"]:
+            verdict += f"; vToken runs {v['max_running_requests'] / v['ideal_running']:.2f} of its ideal"
+        if policy == "random" and args.budget_ratio == 0.5 and args.dataset == "random":
             ok = gain >= 1.8 and v["retractions"] == 0 and v["identical_to_naive"]
             verdict = f"  target (>= 1.8, no retraction, identical): {'met' if ok else 'MISSED'}"
         print(

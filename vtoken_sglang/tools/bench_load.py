@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -37,3 +38,50 @@ def random_ids_load(num_prompts: int, input_len: int, output_len: int, range_rat
         "--random-range-ratio",
         str(range_ratio),
     ]
+
+
+def sharegpt_load(num_prompts: int, output_len: int, context_len: int | None, dataset_path: Path | str) -> list[str]:
+    """bench_serving's ``sharegpt`` dataset from ``dataset_path`` (``vtoken_sglang.tools.sharegpt.build()``): first
+    turns, ``output_len`` new tokens each, pairs longer than ``context_len`` tokens left out."""
+    flags = ["--dataset-name", "sharegpt", "--dataset-path", str(dataset_path), "--num-prompts", str(num_prompts)]
+    flags += ["--sharegpt-output-len", str(output_len)]
+    return flags + (["--sharegpt-context-len", str(context_len)] if context_len else [])
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareGPTRequest:
+    prompt: str  # the conversation's first turn, as bench_serving sends it
+    prompt_len: int  # its tokens under the model's tokenizer
+    output_len: int
+
+
+def sharegpt_requests(
+    tokenizer_path: str,
+    num_prompts: int,
+    output_len: int,
+    context_len: int | None = None,
+    seed: int = 1,
+    dataset_path: Path | str | None = None,
+) -> list[ShareGPTRequest]:
+    """The requests ``sharegpt_load`` with ``--seed seed`` makes bench_serving send: its own ShareGPT loader over
+    the same file, after the same seeding, so a benchmark that sends them itself (and keeps each output's token
+    ids) runs bench_serving's load."""
+    import contextlib
+    import io
+    import random
+
+    import numpy as np
+    from sglang.benchmark.datasets.sharegpt import sample_sharegpt_requests
+    from transformers import AutoTokenizer
+
+    from vtoken_sglang.tools import sharegpt
+
+    path = str(dataset_path or sharegpt.build())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    random.seed(seed)
+    np.random.seed(seed)
+    with contextlib.redirect_stdout(io.StringIO()):  # the loader prints its token totals
+        rows = sample_sharegpt_requests(
+            path, num_prompts, tokenizer, fixed_output_len=output_len, context_len=context_len
+        )
+    return [ShareGPTRequest(r.prompt, r.prompt_len, r.output_len) for r in rows]

@@ -1,5 +1,6 @@
-"""Hooks on SGLang's admission and retraction: reservations capped by eviction budgets (``admission``), the radix
-cache's match leaving a prefill-scored prompt its window, and reclaim before retracting."""
+"""Hooks on SGLang's admission and retraction: reservations and checks capped by eviction budgets (``admission``),
+admission reopened by a round that freed room, the radix cache's match leaving a prefill-scored prompt its window,
+and reclaim before retracting."""
 
 from __future__ import annotations
 
@@ -27,6 +28,46 @@ def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_t
     if rt is not None and rt.policy is not None and max_new_tokens > 0:
         max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens)
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
+
+
+def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs):
+    """AROUND ``PrefillAdder._check_prefill_budget``: upstream checks a new request's fit with its whole remaining
+    length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
+    it keep; the check asks for that same capped amount. A refusal is recorded (``Admission.refused``) for
+    ``reopen_after_round``."""
+    rt = process.current()
+    if rt is None or rt.policy is None:
+        return original(adder, req, *args, total_tokens=total_tokens, **kwargs)
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+    if max_new > 0:
+        total_tokens -= max_new - rt.admission.new_request_kv(len(req.full_untruncated_fill_ids), max_new)
+    fits, chunk_limit = original(adder, req, *args, total_tokens=total_tokens, **kwargs)
+    if not fits:
+        rt.admission.refused(total_tokens)
+    return fits, chunk_limit
+
+
+def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
+    """After an eviction round: SGLang shuts admission after a refusal (``batch_is_full``) until a request
+    leaves; a round that freed pages reopens it when the room admission would now see (its own prefill budget:
+    free and evictable tokens, less what the running requests reserve) fits the refused request."""
+    rt = process.current()
+    closed = running_batch.batch_is_full and scheduler.waiting_queue
+    if not (freed and closed and rt.admission.refused_need is not None):
+        return
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    budget = scheduler.token_to_kv_pool_allocator.create_prefill_budget(
+        scheduler.tree_cache,
+        num_mixed_decode_tokens=running_batch.batch_size() if scheduler.is_mixed_chunk else 0,
+    )
+    reserved = rt.admission.running_reservation(
+        running_batch.reqs, scheduler.new_token_ratio_tracker.current, CLIP_MAX_NEW_TOKENS
+    )
+    if rt.admission.reopens(int(budget.remaining_total) - reserved):
+        running_batch.batch_is_full = False
 
 
 def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):

@@ -7,6 +7,7 @@ import logging
 
 from vtoken_sglang.config import VTokenConfig
 from vtoken_sglang.integration import process
+from vtoken_sglang.integration.hooks import admission
 from vtoken_sglang.integration.parts.score_link import make_scorer
 from vtoken_sglang.integration.parts.tp_group import TpGroup
 from vtoken_sglang.integration.runtime import VTokenRuntime
@@ -90,11 +91,15 @@ def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **
     ends them by length are left alone, as the results would have finished them; a request that ends on a stop
     token is only known to have ended after this round (its extra victims change nothing it outputs). The round
     reads only the Token Table, the batch's rows and lengths, and the tree locks, none of which a pending result
-    changes."""
+    changes. Then admission, shut by a refusal, reopens if the round freed room for the refused request
+    (``admission.reopen_after_round``)."""
     rt = process.current()
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
+    free = rt.allocator.available_size()
     rt.after_decode(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
+    if running_batch is not None:
+        admission.reopen_after_round(scheduler, running_batch, freed=rt.allocator.available_size() > free)
     return None
 
 

@@ -36,6 +36,7 @@ def metrics(rt) -> dict:
         "state_capacity": table.states.capacity,
         "state_compactions": table.states.compactions,
         "kv_pool_bytes": rt.kv_pool_bytes,
+        "admission_reopened": rt.admission.reopened,
         **rt.stats.as_dict(with_tree=rt.tree is not None),
         **(rt.scores.metrics() if rt.scores is not None else {}),
         **rt.reclaimer.stats.as_dict(),

@@ -1,11 +1,20 @@
-"""``Admission``: how much KV SGLang's admission reserves for a request, given its eviction budget.
+"""``Admission``: how much KV SGLang's admission reserves for a request, given its eviction budget, and when a
+closed admission reopens.
 
 SGLang admits a request when the free pages cover every running request's future KV plus the new one's; with
 eviction, a request's future KV is capped by what its budget lets it keep (this is where the capacity gain comes
-from). The hooks of ``hooks.admission`` ask ``future_kv``; pressure reclaim before retraction is the reclaimer's.
+from). The hooks of ``hooks.admission`` ask ``future_kv`` (running requests) and ``new_request_kv`` (the request
+being checked and charged: one rule for both); pressure reclaim before retraction is the reclaimer's.
+
+A refused admission shuts SGLang's admission until a request leaves (``ScheduleBatch.batch_is_full``). Eviction
+rounds also make room (a prompt trimmed below what it was charged, pages compacted and freed), so the refusal's
+need is kept (``refused``) and, after a round that freed pages, compared with the room admission would now see
+(``room``): admission reopens when the refused request fits, not at every step of a full batch.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -23,6 +32,8 @@ class Admission:
         self.prefix_copies = prefix_copies
         self.page_size = page_size
         self.prompt_in_tree = prompt_in_tree
+        self.refused_need: int | None = None  # tokens the last refused request needed; None: none refused since
+        self.reopened = 0  # times a round's freed room reopened a closed admission
 
     @property
     def capped(self) -> bool:
@@ -31,9 +42,11 @@ class Admission:
         victims keeps almost every page, so it reserves the full remaining length, as upstream does."""
         return self.policy is not None and (self.reclaim or self.policy.frees_whole_pages)
 
-    def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
-        """Most KV tokens a request holding ``current_len`` (``protected`` of them in its tree prefix's pages) can
-        still add before it ends, given its eviction budget: its view ends at most at
+    def future_kv_many(
+        self, current_len: np.ndarray, logical_now: np.ndarray, remaining_new: np.ndarray, protected: np.ndarray
+    ) -> np.ndarray:
+        """Most KV tokens each request holding ``current_len`` (``protected`` of them in its tree prefix's pages)
+        can still add before it ends, given its eviction budget: its view ends at most at
         ``keep = max(budget(final), floor) + slack [+ page]`` tokens (``PolicyConfig.floor``: what trimming never
         goes below), so ``min(remaining_new, keep - held)``, at least 0, where ``held`` is what the request already
         holds toward that:
@@ -43,17 +56,71 @@ class Admission:
           so evicting prefix tokens frees nothing and their room in the budget goes to private tokens.
         Expected case, like upstream's admission: the tail page and what compaction leaves (F <= theta) are covered
         by reclaiming before retracting; ``+ page`` for Naive-Evict, whose oldest page in the window stays partly
-        dead. Not capped: ``remaining_new``."""
+        dead. Not capped: ``remaining_new``. int64 arrays of one length."""
+        remaining_new = np.maximum(remaining_new, 0)
         if not self.capped:
             return remaining_new
-        final = np.array([logical_now + max(remaining_new, 0)], dtype=np.int64)
-        keep = max(int(on_host(self.policy.budget, final)[0]), self.policy.cfg.floor)
-        keep += self.policy.cfg.slack + (0 if self.reclaim else self.page_size)
-        held = current_len if self.prefix_copies else max(current_len - protected, 0)
-        return max(0, min(remaining_new, keep - held))
+        keep = self.kept_at_end((logical_now + remaining_new).astype(np.int64))
+        held = current_len if self.prefix_copies else np.maximum(current_len - protected, 0)
+        return np.maximum(0, np.minimum(remaining_new, keep - held))
+
+    def kept_at_end(self, final_len: np.ndarray) -> np.ndarray:
+        """The most KV tokens requests of logical length ``final_len`` (int64) hold at their end, as admission
+        counts it: ``max(budget(final), floor) + slack``, + a page for Naive-Evict (where capped; not capped: the
+        whole length)."""
+        if not self.capped:
+            return final_len
+        keep = np.maximum(on_host(self.policy.budget, final_len), self.policy.cfg.floor)
+        return keep + self.policy.cfg.slack + (0 if self.reclaim else self.page_size)
+
+    def ideal_running(self, final_lens: Sequence[int], pool_tokens: int) -> float:
+        """The most requests of logical lengths ``final_lens`` (prompt + output) a pool of ``pool_tokens`` holds at
+        once when each is charged what admission reserves for it at its end (``kept_at_end``) plus the page it adds
+        per request: the pool over the mean of that (the benchmarks' ideal)."""
+        kept = self.kept_at_end(np.asarray(final_lens, dtype=np.int64)) + self.page_size
+        return pool_tokens / float(np.mean(kept))
+
+    def future_kv(self, current_len: int, logical_now: int, remaining_new: int, protected: int = 0) -> int:
+        """``future_kv_many`` of one request."""
+        one = [np.array([v], dtype=np.int64) for v in (current_len, logical_now, remaining_new, protected)]
+        return int(self.future_kv_many(*one)[0])
 
     def new_request_kv(self, prompt_len: int, max_new_tokens: int) -> int:
         """What a request about to be admitted reserves for decode: its capped future KV after its prompt (with the
         radix cache on, the prompt's whole pages go to the tree after prefill, and are then protected)."""
         protected = prompt_len // self.page_size * self.page_size if self.prompt_in_tree else 0
         return self.future_kv(prompt_len, prompt_len, max_new_tokens, protected)
+
+    def running_reservation(self, reqs: Sequence, new_token_ratio: float, clip: int) -> int:
+        """What admission reserves for the future KV of the running requests ``reqs``: per request upstream's
+        estimate (its remaining new tokens, clipped at ``clip``, times ``new_token_ratio``, or 1 for ``ignore_eos``)
+        capped by ``future_kv`` (``hooks.admission.cap_running_reservation``), summed."""
+        n = len(reqs)
+        if n == 0:
+            return 0
+
+        def column(values) -> np.ndarray:
+            return np.fromiter(values, dtype=np.int64, count=n)
+
+        remaining = column(r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs)
+        ratio = np.where(column(r.sampling_params.ignore_eos for r in reqs) > 0, 1.0, new_token_ratio)
+        upstream = np.minimum(remaining, clip) * ratio
+        if self.policy is None:
+            return int(upstream.sum())
+        logical = column(len(r.origin_input_ids) + len(r.output_ids) for r in reqs)
+        current = column(r.kv.kv_committed_len for r in reqs)
+        protected = column(r.kv.cache_protected_len for r in reqs)
+        return int(np.minimum(upstream, self.future_kv_many(current, logical, remaining, protected)).sum())
+
+    def refused(self, need: int) -> None:
+        """Admission refused a request needing ``need`` tokens of room (SGLang's check: it needs more than that)."""
+        self.refused_need = need
+
+    def reopens(self, room: int) -> bool:
+        """After a round that freed pages while admission is closed: whether ``room`` (what SGLang's admission
+        would now see) fits the refused request. Reopening forgets the refusal (the next one records its own)."""
+        if self.refused_need is None or room <= self.refused_need:
+            return False
+        self.refused_need = None
+        self.reopened += 1
+        return True
