@@ -54,7 +54,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
 
 from vtoken_sglang.config import DECODE_SCORE_POLICIES, VTokenConfig  # noqa: E402
-from vtoken_sglang.integration.parts.admission import Admission  # noqa: E402
+from vtoken_sglang.integration.parts.admission import Admission, server_policy  # noqa: E402
 from vtoken_sglang.tools.bench_load import sharegpt_requests  # noqa: E402
 from vtoken_sglang.tools.launcher import SglangServer, default_server_args, started_together  # noqa: E402
 
@@ -142,7 +142,7 @@ def ideal_running(load: Load, args, mode: str, policy: str | None) -> float:
             }
         )
     admission = Admission(
-        cfg.policy(PAGE) if cfg else None,
+        server_policy(cfg, PAGE) if cfg else None,
         reclaim=mode == "vtoken",
         prefix_copies=True,
         page_size=PAGE,

@@ -24,24 +24,13 @@ from vtoken_sglang.option_values import (
     parse_layers,
     parse_on_off,
 )
-from vtoken_sglang.policies import (
-    EXTERNAL_POLICY,
-    POLICY_OPTIONS,
-    Policy,
-    PolicyConfig,
-    make_policy,
-    policy_class,
-    scored,
-)
+from vtoken_sglang.policies import EXTERNAL_POLICY, POLICY_OPTIONS, PolicyConfig, policy_class, scored
 from vtoken_sglang.policies import POLICIES as POLICY_CLASSES
 from vtoken_sglang.policies import scoring as scoring_of
 
 POLICIES = tuple(POLICY_CLASSES)  # built in, in registry order
 SCORE_POLICIES = scored("decode", "prefill")  # need attention scores collected by the engine
 DECODE_SCORE_POLICIES = scored("decode")  # scored at decode steps (the others: once, at prefill)
-MIN_SLACK = 16
-"""Fewest tokens a request may hold over its budget before a round evicts (``PolicyConfig.slack``): a page, at
-least this many."""
 _DRIVER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}  # sinks, recent, seed
 PLANNERS = ("worker", "inline")
 ENV_VAR = "VTOKEN_SGLANG_CONFIG"
@@ -253,13 +242,6 @@ class VTokenConfig(_PolicyOptions):
             seed=self.vtoken_seed,
             options={name: getattr(self, policy_field(name)) for name in POLICY_OPTIONS},
         )
-
-    def policy(self, page_size: int) -> Policy | None:
-        """The eviction policy a server with these options runs (``None`` for policy ``none``): its slack is a page,
-        at least ``MIN_SLACK`` tokens."""
-        if self.vtoken_policy == "none":
-            return None
-        return make_policy(self.vtoken_policy, self.policy_config(slack=max(page_size, MIN_SLACK)))
 
     @property
     def enabled(self) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from conftest import on_servers
 
 from vtoken_sglang.config import VTokenConfig
-from vtoken_sglang.integration.parts.admission import Admission
+from vtoken_sglang.integration.parts.admission import Admission, server_policy
 from vtoken_sglang.tools.launcher import SglangServer, default_server_args
 
 pytestmark = pytest.mark.server
@@ -82,7 +82,7 @@ def test_admission_reopens_when_a_round_frees_room_on_mixed_prompt_lengths(runs)
     cfg = VTokenConfig.build(
         {"enable_vtoken": True, "vtoken_policy": "random", "vtoken_budget_ratio": 0.5, "vtoken_recent": 16}
     )
-    admission = Admission(cfg.policy(16), reclaim=True, prefix_copies=True, page_size=16, prompt_in_tree=False)
+    admission = Admission(server_policy(cfg, 16), reclaim=True, prefix_copies=True, page_size=16, prompt_in_tree=False)
     ideal = admission.ideal_running([len(p) + MIXED_NEW for p in MIXED], POOL)
     # without reopening, admission stays shut from the first refusal until the first requests end
     assert vtoken["max_running"] >= 0.9 * ideal, (vtoken["max_running"], ideal)

@@ -55,7 +55,7 @@ from vtoken_sglang.integration.observe import victim_log
 from vtoken_sglang.integration.observe.host_reads import HOST_READS, host_array
 from vtoken_sglang.integration.observe.integrity_watch import IntegrityWatch
 from vtoken_sglang.integration.observe.stats import RuntimeStats
-from vtoken_sglang.integration.parts.admission import Admission
+from vtoken_sglang.integration.parts.admission import Admission, server_policy
 from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
 from vtoken_sglang.integration.parts.plan_source import SNAPSHOT_EVERY, InlinePlans, WorkerPlans
 from vtoken_sglang.integration.parts.prefix_cow import PrefixCow
@@ -112,7 +112,7 @@ class VTokenRuntime:
         self.tree = tree
         self.tp = tp = tp or TpGroup()
         self.pending_results = pending_results
-        self.policy = cfg.policy(self.page_size)
+        self.policy = server_policy(cfg, self.page_size)
         self.pool = SglangPagePool(
             allocator, device=req_to_token.device, reserve=RELOCATION_RESERVE if cfg.vtoken_reclaim else 0
         )

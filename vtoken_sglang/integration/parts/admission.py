@@ -18,8 +18,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vtoken_sglang.config import VTokenConfig
 from vtoken_sglang.integration.observe.host_reads import on_host
-from vtoken_sglang.policies import Policy
+from vtoken_sglang.policies import Policy, make_policy
+
+MIN_SLACK = 16
+"""Fewest tokens a request may hold over its budget before a round evicts (``PolicyConfig.slack``): a page, at least
+this many."""
+
+
+def server_policy(cfg: VTokenConfig, page_size: int) -> Policy | None:
+    """The eviction policy a server with ``cfg`` runs, as admission counts it (``None`` for policy ``none``)."""
+    if cfg.vtoken_policy == "none":
+        return None
+    return make_policy(cfg.vtoken_policy, cfg.policy_config(slack=max(page_size, MIN_SLACK)))
 
 
 class Admission:
