@@ -344,9 +344,11 @@ def test_pressure_aborts_and_retraction(tiny_model):
     """A 1024-token pool that SGLang fills (it admits with 5% of its usual reservation, up to 8 requests):
     Naive-Evict, and vToken with late fences (conftest: delay 4; fences done at once are the easier case).
 
-    1. Eight requests of 300 tokens admitted together, so every server runs them all: Naive-Evict keeps the
-       pages of its scattered victims and retracts; vToken reclaims them and retracts fewer (a reclaim under
-       pressure waits for its copies and returns what it freed).
+    1. Eight requests of 300 tokens sent together, more than the pool holds at their budgets: Naive-Evict keeps
+       the pages of its scattered victims, runs a few at a time and retracts; vToken reclaims them (a reclaim
+       under pressure waits for its copies and returns what it freed), its rounds reopen admission, and it runs
+       more of them at once: the same tokens in far fewer decode steps. Both retract: at conservativeness 0.05
+       SGLang over-admits by design.
     2. Sixteen requests, and vToken admits more of them at once than Naive-Evict: decode steps that would not
        fit reclaim first (sources of earlier plans still in their grace period included) and free pages.
     3. Sixteen ``ignore_eos`` requests, three aborted mid-generation, into the same pool.
@@ -413,10 +415,17 @@ def test_pressure_aborts_and_retraction(tiny_model):
 
     runs = on_servers(servers, lambda _, s: run(s))
     off, late = runs["off"], runs["late"]
-    print({mode: (r["together"], retractions(r["crowd"])) for mode, r in runs.items()})
-    # 1: equal admission
+    print(
+        {
+            mode: (r["together"], r["after_together"]["decode_steps"], retractions(r["crowd"]))
+            for mode, r in runs.items()
+        }
+    )
+    # 1: more of the eight at once (decode steps count the warm-up's few too)
     assert off["together"] > 0
-    assert late["together"] < off["together"]
+    steps = {mode: r["after_together"]["decode_steps"] for mode, r in runs.items()}
+    assert steps["late"] < 0.75 * steps["off"], steps
+    assert late["after_together"]["reclaim_on_pressure"] > 0 and late["after_together"]["admission_reopened"] > 0
     # 2: reclaim under pressure frees pages, with late fences too (and every request completes)
     grew = late["after_crowd"]["reclaim_on_pressure"] - late["after_together"]["reclaim_on_pressure"]
     assert grew > 0 and late["after_crowd"]["pages_freed_on_pressure"] > 0, late["after_crowd"]
