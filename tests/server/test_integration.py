@@ -415,15 +415,10 @@ def test_pressure_aborts_and_retraction(tiny_model):
 
     runs = on_servers(servers, lambda _, s: run(s))
     off, late = runs["off"], runs["late"]
-    print(
-        {
-            mode: (r["together"], r["after_together"]["decode_steps"], retractions(r["crowd"]))
-            for mode, r in runs.items()
-        }
-    )
+    steps = {mode: r["after_together"]["decode_steps"] for mode, r in runs.items()}
+    print({mode: (r["together"], steps[mode], retractions(r["crowd"])) for mode, r in runs.items()})
     # 1: more of the eight at once (decode steps count the warm-up's few too)
     assert off["together"] > 0
-    steps = {mode: r["after_together"]["decode_steps"] for mode, r in runs.items()}
     assert steps["late"] < 0.75 * steps["off"], steps
     assert late["after_together"]["reclaim_on_pressure"] > 0 and late["after_together"]["admission_reopened"] > 0
     # 2: reclaim under pressure frees pages, with late fences too (and every request completes)
