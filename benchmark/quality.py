@@ -31,8 +31,9 @@ few-token answer ends. Per run:
   retracted for memory; such a request is prefilled again whole and trimmed anew, so its victims differ).
 
 ``--policies`` takes built-in names or ``package.module:ClassName`` (a policy of one's own, on ``PYTHONPATH``).
-``--quick`` (CI): policies random and h2o at ratio 0.5, and ``none``, few short prompts (real model: pass keys in
-``QUICK_CONTEXT`` tokens; recall: its quick model), on a pool without the page of slack per request
+``--quick`` (CI): policies random and h2o at ratio 0.5 (no ``none`` run: h2o's accuracy shows the task is
+solvable), few short prompts (real model: pass keys in ``QUICK_CONTEXT`` tokens; recall: its quick model) and a
+tail of ``QUICK_TAIL`` tokens, on a pool without the page of slack per request
 (``QUICK_POOL_SLACK``): Naive-Evict cannot hold every request at once, vToken can, and its copy-on-write of the
 prompts' tree pages has to make room by evicting the tree pages it just released (the path the full load takes);
 so there ``max_run`` is the figure to compare, and vToken's longer-running batch holds more pages on average.
@@ -66,7 +67,7 @@ QUICK_POLICIES, QUICK_RATIOS = ("random", "h2o"), (0.5,)
 QUICK_POOL_SLACK = 0  # tokens of slack per request in the quick run's pool (the full run: a page)
 SINKS, RECENT, WINDOW = 4, 8, 8  # the question-first layout's question is in the sinks (recall model)
 TOGETHER = 5  # servers started at once (memory); the quick run's five in one group
-TAIL = 32  # tokens decoded after the answer
+TAIL, QUICK_TAIL = 32, 8  # tokens decoded after the answer
 RECALL = "recall"  # --model-path: the recall model trained here
 TEXT_ANSWER = 10  # new tokens a text task's answer is read from (a 5-digit key, a first and last name)
 CONTEXT, QUICK_CONTEXT = 1000, 400  # prompt tokens of the text tasks (at most)
@@ -128,11 +129,12 @@ def server_flags(policy: str, ratio: float | None, reclaim: str, pool: int) -> l
     return flags
 
 
-def run_load(server: SglangServer, prompts: list[Prompt]) -> tuple[list[dict], dict]:
-    """Every prompt at once; the responses (``output_ids``, ``meta_info``) and the server's vToken state after."""
+def run_load(server: SglangServer, prompts: list[Prompt], tail: int) -> tuple[list[dict], dict]:
+    """Every prompt at once, each decoding its answer and ``tail`` tokens more; the responses (``output_ids``,
+    ``meta_info``) and the server's vToken state after."""
 
     def one(p: Prompt) -> dict:
-        sampling = {"max_new_tokens": p.answer_tokens + TAIL, "temperature": 0.0, "ignore_eos": True}
+        sampling = {"max_new_tokens": p.answer_tokens + tail, "temperature": 0.0, "ignore_eos": True}
         return server.post("/generate", {"input_ids": p.ids, "sampling_params": sampling}, timeout=3600)
 
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
@@ -145,9 +147,9 @@ def _share(right: list[bool]) -> float:
     return round(sum(right) / max(len(right), 1), 4)
 
 
-def measure(config: dict, server: SglangServer, prompts: list[Prompt]) -> dict:
+def measure(config: dict, server: SglangServer, prompts: list[Prompt], tail: int) -> dict:
     start = len(server.log_text())  # SGLang's warm-up request is in the log before
-    responses, state = run_load(server, prompts)
+    responses, state = run_load(server, prompts, tail)
     outputs = [r["output_ids"] for r in responses]
     retracted = [r["meta_info"].get("num_retractions", 0) > 0 for r in responses]
     steps = [(int(running), int(tokens)) for running, tokens in DECODE.findall(server.log_text()[start:])]
@@ -170,15 +172,16 @@ def measure(config: dict, server: SglangServer, prompts: list[Prompt]) -> dict:
     }
 
 
-def configs(policies: list[str], ratios: list[float]) -> list[dict]:
-    out = [{"policy": "none", "budget_ratio": 1.0, "mode": "vtoken"}]
+def configs(policies: list[str], ratios: list[float], full: bool = True) -> list[dict]:
+    """``none`` (the full cache; if ``full``), then Naive-Evict and vToken for each policy and ratio."""
+    out = [{"policy": "none", "budget_ratio": 1.0, "mode": "vtoken"}] if full else []
     for policy in policies:
         for ratio in ratios:
             out += [{"policy": policy, "budget_ratio": ratio, "mode": mode} for mode in ("naive", "vtoken")]
     return out
 
 
-def run(model: str, prompts: list[Prompt], todo: list[dict], pool: int, done) -> list[dict]:
+def run(model: str, prompts: list[Prompt], todo: list[dict], pool: int, tail: int, done) -> list[dict]:
     """The runs of ``todo``, ``TOGETHER`` servers started at once, their loads one after the other; ``done(runs)``
     after each group (the runs so far)."""
     runs = []
@@ -194,7 +197,7 @@ def run(model: str, prompts: list[Prompt], todo: list[dict], pool: int, done) ->
         names = ", ".join(f"{c['policy']}/{c['budget_ratio']}/{c['mode']}" for c in group)
         print(f"[quality] starting {names} ...", file=sys.stderr, flush=True)
         with started_together(*servers):
-            runs += [measure(c, s, prompts) for c, s in zip(group, servers)]
+            runs += [measure(c, s, prompts, tail) for c, s in zip(group, servers)]
         done(runs)
     naive = {(r["policy"], r["budget_ratio"]): r for r in runs if r["mode"] == "naive"}
     for r in runs:
@@ -254,13 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         model = model_path(args.model_path)
         context = args.context or (QUICK_CONTEXT if args.quick else CONTEXT)
         load = text_load(model, args.task, context, count, args.seed)
-    slack = QUICK_POOL_SLACK if args.quick else PAGE
-    pool = args.max_total_tokens or sum(len(p.ids) + 1 + p.answer_tokens + TAIL + slack for p in load.prompts)
+    slack, tail = (QUICK_POOL_SLACK, QUICK_TAIL) if args.quick else (PAGE, TAIL)
+    pool = args.max_total_tokens or sum(len(p.ids) + 1 + p.answer_tokens + tail + slack for p in load.prompts)
     fields = dict(model=Path(model).name, task=load.spec["task"], context=load.spec["context"], prompts=count)
-    fields.update(max_total_tokens=pool, spec=load.spec)
-    todo = [{**c, **fields} for c in configs(policies, ratios)]
+    fields.update(max_total_tokens=pool, tail=tail, spec=load.spec)
+    todo = [{**c, **fields} for c in configs(policies, ratios, full=not args.quick)]
     # a long run keeps what it measured: the runs so far are written after each group
-    runs = run(model, load.prompts, todo, pool, lambda so_far: args.json and write_runs_json(args.json, so_far))
+    runs = run(model, load.prompts, todo, pool, tail, lambda so_far: args.json and write_runs_json(args.json, so_far))
     print_table(runs, load, model, pool)
     return finish(t0, runs, args.json)
 

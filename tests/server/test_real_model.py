@@ -7,7 +7,8 @@ tree page for all) are served under streaming and h2o (decode scores) and snapkv
 copy-on-write of the tree's pages, late fences and the overlap scheduler on. Each request must equal transformers
 fed the same tokens with the positions the server's victim log says were evicted hidden from each later query
 (``masked_reference``); the request that stays under budget must equal the unmasked model; eviction must change
-some output (else a wrong mask would go unseen); Naive-Evict must give streaming's vToken tokens."""
+some output (else a wrong mask would go unseen). Naive-Evict against vToken on this checkpoint: the quick quality
+run below."""
 
 from __future__ import annotations
 
@@ -52,14 +53,13 @@ def chat_prompts(path: str) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def real_runs(smollm2, tmp_path_factory):
-    """server -> {prompts, outputs, events (per prompt), vtoken state, log}: vToken under each policy, and
-    Naive-Evict under streaming."""
+    """policy -> {prompts, outputs, events (per prompt), vtoken state, log}: vToken under each policy."""
     logs = tmp_path_factory.mktemp("victims")
     base = ["--enable-vtoken", "--vtoken-budget", str(BUDGET), "--vtoken-sinks", str(SINKS)]
     base += ["--vtoken-recent", str(RECENT)]
     servers = {}
-    for name, extra in {**{p: ["--vtoken-policy", p, *f] for p, f in POLICIES.items()}, "naive": None}.items():
-        flags = base + (extra if extra is not None else ["--vtoken-policy", "streaming", "--vtoken-reclaim", "off"])
+    for name, extra in POLICIES.items():
+        flags = base + ["--vtoken-policy", name, *extra]
         env = {**STRICT, "VTOKEN_SGLANG_VICTIM_LOG": str(logs / f"{name}.jsonl")}
         servers[name] = launcher.SglangServer(smollm2, launcher.default_server_args(4096) + flags, env=env)
     ids = chat_prompts(smollm2)
@@ -97,27 +97,20 @@ def test_real_model_copies_the_shared_tree_page_on_write(real_runs):
     assert any(copies.values()), copies
 
 
-def test_real_model_naive_evict_gives_vtokens_tokens(real_runs):
-    naive, vtoken = real_runs["naive"], real_runs["streaming"]
-    assert naive["events"] == vtoken["events"]
-    assert naive["outputs"] == vtoken["outputs"]
-    assert naive["vtoken"]["pages_reclaimed"] == naive["vtoken"]["tokens_moved"] == 0
-
-
 def test_quality_quick_mode_on_the_real_model(tmp_path):
-    """``quality.py --quick``: SmolLM2 finds every pass key with the full KV cache (policy none) in real SGLang;
-    h2o at ratio 0.5 keeps them where random loses them; on a pool too small for Naive-Evict to run every request at
-    once, both give the same tokens with reclaim off (Naive-Evict) and on (vToken: every request at once, none
-    retracted, the prompts' tree pages copied out and released, room made by evicting tree pages released before)
-    for every request Naive-Evict did not retract; the benchmark writes its table and JSON."""
+    """``quality.py --quick``: in real SGLang, SmolLM2 under h2o at ratio 0.5 finds the pass keys (so the task is
+    solvable; the full cache's run is the full benchmark's) where random loses them; on a pool too small for
+    Naive-Evict to run every request at once, both give the same tokens with reclaim off (Naive-Evict) and on
+    (vToken: every request at once, none retracted, the prompts' tree pages copied out and released, room made by
+    evicting tree pages released before) for every request Naive-Evict did not retract; the benchmark writes its
+    table and JSON."""
     out = tmp_path / "quality.json"
     (run,) = run_all([[PY, "benchmark/quality.py", "--quick", "--json", str(out)]], timeout=1500)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert "accuracy" in run.stdout and "cow_rel" in run.stdout
     runs = {(r["policy"], r["budget_ratio"], r["mode"]): r for r in json.loads(out.read_text())["runs"]}
-    full = runs["none", 1.0, "vtoken"]
-    assert full["accuracy"] >= 0.95 and full["tokens_evicted"] == 0 and full["task"] == "passkey", full
-    assert runs["h2o", 0.5, "vtoken"]["accuracy"] > runs["random", 0.5, "vtoken"]["accuracy"]
+    assert {r["task"] for r in runs.values()} == {"passkey"}, runs
+    assert runs["h2o", 0.5, "vtoken"]["accuracy"] >= 0.95 > runs["random", 0.5, "vtoken"]["accuracy"], runs
     for policy in ("random", "h2o"):
         naive, vtoken = runs[policy, 0.5, "naive"], runs[policy, 0.5, "vtoken"]
         prompts = vtoken["prompts"]
