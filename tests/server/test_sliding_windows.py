@@ -7,12 +7,16 @@ The reference is the same checkpoint in transformers, fed the server's tokens, w
 (``masked_reference``) on every layer and, on the sliding layers, the window by logical position; the greedy
 token must be the server's at every step. Budgets below the window (every in-window token of a request can be
 evicted) and above it (the window reaches past evicted tokens), prompts longer than the window, a request that
-stays under budget for its whole life (compared with the unmasked model, across the window), relocation and
-late fences (conftest) on. The real Gemma-3-270M is ``test_real_gemma3``'s."""
+stays under budget for its whole life (compared with the unmasked model, across the window), relocation,
+copy-on-write of the prompts' tree pages, late fences (conftest) and SGLang's overlap scheduler on; nothing leaks
+(SGLang's strict idle check, vToken's idle state). On the Triton backend every kernel of SGLang's GPU attention path
+runs interpreted (extend and decode attention with two KV splits, the kv indices gathered from ``req_to_token``, each
+row's last slot), and h2o's scores come from vToken's own Triton kernel. The real Gemma-3-270M is
+``test_real_gemma3``'s."""
 
 import pytest
 import torch
-from conftest import STRICT, greedy_with_victims, on_servers
+from conftest import STRICT, greedy_with_victims, idle_states, on_servers
 from masked_reference import load, masked_greedy, sliding_window
 
 from vtoken_sglang.tools import launcher, tiny_families
@@ -55,7 +59,7 @@ def window_runs(tmp_path_factory):
     def run(name, server):
         ids = prompts(AutoConfig.from_pretrained(paths[name]).vocab_size)
         got = greedy_with_victims(server, name, ids, NEW_TOKENS, logs / f"{name}.jsonl")
-        return {**got, "path": paths[name], "backend": SERVERS[name][1]}
+        return {**got, "path": paths[name], "backend": SERVERS[name][1], "idle": idle_states(server)[0]}
 
     return on_servers(servers, run)
 
@@ -66,7 +70,12 @@ def test_sliding_windows_by_logical_position_equal_transformers(window_runs, nam
     m = r["vtoken"]
     assert "integrity check failed" not in r["log"] and m["position_mismatches"] == 0, r["log"][-3000:]
     assert m["tokens_evicted"] > 0 and m["tokens_moved"] > 0 and m["pages_reclaimed"] > 0, m  # relocation ran
+    assert m["cow_copies"] > 0 and "'disable_overlap_schedule': False" in r["log"], m
+    idle = r["idle"]
+    assert idle["live_tokens"] == idle["allocated_pages"] == idle["pending_pages"] == 0, idle
+    assert "memory leak" not in r["log"] and "Traceback" not in r["log"]
     if r["backend"] == "triton":  # h2o's scores from vToken's Triton kernel, interpreted, every decode step
+        assert "'attention_backend': 'triton'" in r["log"]
         assert "[vtoken] scoring with the Triton kernel (interpreted)" in r["log"]
         assert m["steps_scored"] > 0 and m["steps_unscored"] == 0, m
     model = load(r["path"])
