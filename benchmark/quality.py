@@ -31,12 +31,13 @@ few-token answer ends. Per run:
   retracted for memory; such a request is prefilled again whole and trimmed anew, so its victims differ).
 
 ``--policies`` takes built-in names or ``package.module:ClassName`` (a policy of one's own, on ``PYTHONPATH``).
-``--quick`` (CI): policies random and h2o at ratio 0.5 (no ``none`` run: h2o's accuracy shows the task is
-solvable), few short prompts (real model: pass keys in ``QUICK_CONTEXT`` tokens; recall: its quick model) and a
-tail of ``QUICK_TAIL`` tokens, on a pool without the page of slack per request
-(``QUICK_POOL_SLACK``): Naive-Evict cannot hold every request at once, vToken can, and its copy-on-write of the
-prompts' tree pages has to make room by evicting the tree pages it just released (the path the full load takes);
-so there ``max_run`` is the figure to compare, and vToken's longer-running batch holds more pages on average.
+``--quick`` (CI): policies random and h2o at ratio 0.5 (no ``none`` run: h2o's accuracy shows the task is solvable;
+random under vToken alone, the contrast in accuracy, and h2o under both modes), few short prompts (real model: pass
+keys in ``QUICK_CONTEXT`` tokens; recall: its quick model) and a tail of ``QUICK_TAIL`` tokens, on a pool without the
+page of slack per request (``QUICK_POOL_SLACK``): Naive-Evict cannot hold every request at once, vToken can, and its
+copy-on-write of the prompts' tree pages has to make room by evicting the tree pages it just released (the path the
+full load takes); so there ``max_run`` is the figure to compare, and vToken's longer-running batch holds more pages on
+average.
 The figure: ``benchmark/plots.py`` draws ``quality_pages.png`` (accuracy against pages held per request, a curve
 per policy) from ``results/quality.json``.
 """
@@ -64,9 +65,10 @@ from vtoken_sglang.tools.launcher import SglangServer, default_server_args, star
 POLICIES = ("streaming", "random", "h2o", "tova", "scissorhands", "snapkv")
 RATIOS = (0.5, 0.25, 0.125)
 QUICK_POLICIES, QUICK_RATIOS = ("random", "h2o"), (0.5,)
+QUICK_NAIVE = ("h2o",)  # the quick run's policies also run under Naive-Evict
 QUICK_POOL_SLACK = 0  # tokens of slack per request in the quick run's pool (the full run: a page)
 SINKS, RECENT, WINDOW = 4, 8, 8  # the question-first layout's question is in the sinks (recall model)
-TOGETHER = 5  # servers started at once (memory); the quick run's five in one group
+TOGETHER = 5  # servers started at once (memory); the quick run's in one group
 TAIL, QUICK_TAIL = 32, 8  # tokens decoded after the answer
 RECALL = "recall"  # --model-path: the recall model trained here
 TEXT_ANSWER = 10  # new tokens a text task's answer is read from (a 5-digit key, a first and last name)
@@ -172,12 +174,16 @@ def measure(config: dict, server: SglangServer, prompts: list[Prompt], tail: int
     }
 
 
-def configs(policies: list[str], ratios: list[float], full: bool = True) -> list[dict]:
-    """``none`` (the full cache; if ``full``), then Naive-Evict and vToken for each policy and ratio."""
+def configs(
+    policies: list[str], ratios: list[float], full: bool = True, naive: tuple[str, ...] | None = None
+) -> list[dict]:
+    """``none`` (the full cache; if ``full``), then for each policy and ratio Naive-Evict (for the policies in
+    ``naive``; None: all) and vToken."""
     out = [{"policy": "none", "budget_ratio": 1.0, "mode": "vtoken"}] if full else []
     for policy in policies:
+        modes = ("naive", "vtoken") if naive is None or policy in naive else ("vtoken",)
         for ratio in ratios:
-            out += [{"policy": policy, "budget_ratio": ratio, "mode": mode} for mode in ("naive", "vtoken")]
+            out += [{"policy": policy, "budget_ratio": ratio, "mode": mode} for mode in modes]
     return out
 
 
@@ -201,8 +207,8 @@ def run(model: str, prompts: list[Prompt], todo: list[dict], pool: int, tail: in
         done(runs)
     naive = {(r["policy"], r["budget_ratio"]): r for r in runs if r["mode"] == "naive"}
     for r in runs:
-        if r["mode"] == "vtoken" and r["policy"] != "none":
-            base = naive[r["policy"], r["budget_ratio"]]
+        base = naive.get((r["policy"], r["budget_ratio"]))
+        if r["mode"] == "vtoken" and base is not None:
             both = zip(r["_outputs"], base["_outputs"], r["_retracted"], base["_retracted"])
             pairs = [(mine, theirs) for mine, theirs, *retracted in both if not any(retracted)]
             r["identical_to_naive"] = all(mine == theirs for mine, theirs in pairs)
@@ -261,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = args.max_total_tokens or sum(len(p.ids) + 1 + p.answer_tokens + tail + slack for p in load.prompts)
     fields = dict(model=Path(model).name, task=load.spec["task"], context=load.spec["context"], prompts=count)
     fields.update(max_total_tokens=pool, tail=tail, spec=load.spec)
-    todo = [{**c, **fields} for c in configs(policies, ratios, full=not args.quick)]
+    todo = [{**c, **fields} for c in configs(policies, ratios, not args.quick, QUICK_NAIVE if args.quick else None)]
     # a long run keeps what it measured: the runs so far are written after each group
     runs = run(model, load.prompts, todo, pool, tail, lambda so_far: args.json and write_runs_json(args.json, so_far))
     print_table(runs, load, model, pool)

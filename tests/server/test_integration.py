@@ -346,12 +346,14 @@ def test_pressure_aborts_and_retraction(tiny_model):
 
     1. Eight requests of 300 tokens sent together, more than the pool holds at their budgets: Naive-Evict keeps
        the pages of its scattered victims, runs a few at a time and retracts; vToken reclaims them (a reclaim
-       under pressure waits for its copies and returns what it freed), its rounds reopen admission, and it runs
-       more of them at once: the same tokens in far fewer decode steps. Both retract: at conservativeness 0.05
-       SGLang over-admits by design.
-    2. Sixteen requests, and vToken admits more of them at once than Naive-Evict: decode steps that would not
-       fit reclaim first (sources of earlier plans still in their grace period included) and free pages.
-    3. Sixteen ``ignore_eos`` requests, three aborted mid-generation, into the same pool.
+       under pressure waits for its copies and returns what it freed) and runs more of them at once: the same
+       tokens in far fewer decode steps. Naive-Evict retracts: at conservativeness 0.05 SGLang over-admits by
+       design. (Whether a round also reopens a closed admission here depends on when the refusal falls:
+       test_admission checks reopening on a load made for it.)
+    2. Sixteen requests on vToken: decode steps that would not fit reclaim first (sources of earlier plans still
+       in their grace period included) and free pages.
+    3. Sixteen ``ignore_eos`` requests on vToken, three aborted mid-generation, into the same pool.
+    Naive-Evict runs 1 only (crowds and aborts under eviction without reclaim: test_server's and SGLang's paths).
     Every request ends, SGLang's strict idle memory check stays quiet, vToken holds no page afterwards."""
     import concurrent.futures as cf
     import urllib.error
@@ -371,13 +373,8 @@ def test_pressure_aborts_and_retraction(tiny_model):
     def retractions(outs: list) -> int:
         return sum(o["meta_info"].get("num_retractions", 0) for o in outs)
 
-    def run(s: SglangServer) -> dict:
-        info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
-        together = s.generate(prompts[:8], 300)
-        after_together = info()
-        with cf.ThreadPoolExecutor(16) as pool:
-            crowd = list(pool.map(lambda p: s.generate(p, 300), prompts))
-        after_crowd = info()
+    def abort_three(s: SglangServer) -> list[dict]:
+        """Sixteen ``ignore_eos`` requests, three aborted after 4 s: the answers that came back."""
 
         def gen(i):
             body = {
@@ -400,37 +397,38 @@ def test_pressure_aborts_and_retraction(tiny_model):
                     headers={"Content-Type": "application/json"},
                 )
                 urllib.request.urlopen(req, timeout=30).read()
-            aborts = [f.result() for f in futures]
-        time.sleep(3)
-        return {
-            "together": retractions(together),
-            "after_together": after_together,
-            "crowd": crowd,
-            "after_crowd": after_crowd,
-            "aborts": [r for r in aborts if "output_ids" in r],
-            "idle": info(),
-            "log": s.log_text(),
-            "healthy": s.proc.poll() is None,
-        }
+            return [r for r in (f.result() for f in futures) if "output_ids" in r]
 
-    runs = on_servers(servers, lambda _, s: run(s))
+    def run(mode: str, s: SglangServer) -> dict:
+        info = lambda: s.get("/get_server_info")["internal_states"][0]["vtoken"]  # noqa: E731
+        out = {"together": s.generate(prompts[:8], 300)}
+        out["after_together"] = info()
+        if mode == "late":
+            with cf.ThreadPoolExecutor(16) as pool:
+                out["crowd"] = list(pool.map(lambda p: s.generate(p, 300), prompts))
+            out["after_crowd"] = info()
+            out["aborts"] = abort_three(s)
+        time.sleep(3)
+        return {**out, "idle": info(), "log": s.log_text(), "healthy": s.proc.poll() is None}
+
+    runs = on_servers(servers, run)
     off, late = runs["off"], runs["late"]
     steps = {mode: r["after_together"]["decode_steps"] for mode, r in runs.items()}
-    print({mode: (r["together"], steps[mode], retractions(r["crowd"])) for mode, r in runs.items()})
+    print({mode: (retractions(r["together"]), steps[mode]) for mode, r in runs.items()}, retractions(late["crowd"]))
     # 1: more of the eight at once (decode steps count the warm-up's few too)
-    assert off["together"] > 0
+    assert retractions(off["together"]) > 0
     assert steps["late"] < 0.75 * steps["off"], steps
-    assert late["after_together"]["reclaim_on_pressure"] > 0 and late["after_together"]["admission_reopened"] > 0
+    assert late["after_together"]["reclaim_on_pressure"] > 0, late["after_together"]
     # 2: reclaim under pressure frees pages, with late fences too (and every request completes)
     grew = late["after_crowd"]["reclaim_on_pressure"] - late["after_together"]["reclaim_on_pressure"]
     assert grew > 0 and late["after_crowd"]["pages_freed_on_pressure"] > 0, late["after_crowd"]
     assert late["after_crowd"]["release_waits"] > 0
+    assert all(o["meta_info"]["finish_reason"]["type"] in ("length", "stop") for o in late["crowd"])
+    # 3: aborts
+    assert len(late["aborts"]) >= 13 and all(
+        len(o["output_ids"]) == 300 for o in late["aborts"] if o["meta_info"]["finish_reason"]["type"] == "length"
+    )
     for r in runs.values():
-        assert all(o["meta_info"]["finish_reason"]["type"] in ("length", "stop") for o in r["crowd"])
-        # 3: aborts
-        assert len(r["aborts"]) >= 13 and all(
-            len(o["output_ids"]) == 300 for o in r["aborts"] if o["meta_info"]["finish_reason"]["type"] == "length"
-        )
         st = r["idle"]
         assert st["tokens_evicted"] > 0 and st["live_tokens"] == 0 and st["allocated_pages"] == 0, st
         assert st["pending_pages"] == 0 and st["reserved_pages"] == 0, st

@@ -100,10 +100,10 @@ def test_real_model_copies_the_shared_tree_page_on_write(real_runs):
 def test_quality_quick_mode_on_the_real_model(tmp_path):
     """``quality.py --quick``: in real SGLang, SmolLM2 under h2o at ratio 0.5 finds the pass keys (so the task is
     solvable; the full cache's run is the full benchmark's) where random loses them; on a pool too small for
-    Naive-Evict to run every request at once, both give the same tokens with reclaim off (Naive-Evict) and on
-    (vToken: every request at once, none retracted, the prompts' tree pages copied out and released, room made by
-    evicting tree pages released before) for every request Naive-Evict did not retract; the benchmark writes its
-    table and JSON."""
+    Naive-Evict to run every request at once, h2o gives the same tokens with reclaim off (Naive-Evict) and on for
+    every request Naive-Evict did not retract, and vToken (both policies) runs every request at once, none
+    retracted, the prompts' tree pages copied out and released, room made by evicting tree pages released before;
+    the benchmark writes its table and JSON."""
     out = tmp_path / "quality.json"
     (run,) = run_all([[PY, "benchmark/quality.py", "--quick", "--json", str(out)]], timeout=1500)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
@@ -111,12 +111,16 @@ def test_quality_quick_mode_on_the_real_model(tmp_path):
     runs = {(r["policy"], r["budget_ratio"], r["mode"]): r for r in json.loads(out.read_text())["runs"]}
     assert {r["task"] for r in runs.values()} == {"passkey"}, runs
     assert runs["h2o", 0.5, "vtoken"]["accuracy"] >= 0.95 > runs["random", 0.5, "vtoken"]["accuracy"], runs
+    assert set(runs) == {("random", 0.5, "vtoken"), ("h2o", 0.5, "naive"), ("h2o", 0.5, "vtoken")}, set(runs)
+    naive, h2o = runs["h2o", 0.5, "naive"], runs["h2o", 0.5, "vtoken"]
+    prompts = h2o["prompts"]
+    assert h2o["identical_to_naive"] and naive["tokens_evicted"] > 0, (naive, h2o)
+    assert h2o["compared"] == prompts - naive["retracted"] >= prompts // 2, (naive, h2o)
+    assert naive["max_running_requests"] < prompts, naive
     for policy in ("random", "h2o"):
-        naive, vtoken = runs[policy, 0.5, "naive"], runs[policy, 0.5, "vtoken"]
-        prompts = vtoken["prompts"]
-        assert vtoken["identical_to_naive"] and naive["tokens_evicted"] > 0 and vtoken["tokens_evicted"] > 0, policy
-        assert vtoken["retracted"] == 0 and vtoken["compared"] == prompts - naive["retracted"] >= prompts // 2
-        assert vtoken["max_running_requests"] == prompts > naive["max_running_requests"], (naive, vtoken)
+        vtoken = runs[policy, 0.5, "vtoken"]
+        assert vtoken["tokens_evicted"] > 0 and vtoken["retracted"] == 0, vtoken
+        assert vtoken["max_running_requests"] == prompts, vtoken
         assert vtoken["cow_pages_released"] > 0 and vtoken["cow_room_pages"] > 0, vtoken
         assert naive["cow_copies"] == naive["pages_reclaimed"] == 0, naive
         assert vtoken["peak_held_pages"] < naive["peak_held_pages"], (naive, vtoken)
