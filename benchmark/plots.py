@@ -219,6 +219,14 @@ def capacity_frontier(data: dict, out: Path) -> Path:
     return save(fig, out, "capacity_frontier.png")
 
 
+def load_words(run: dict) -> str:
+    """An SLA run's load in words: ShareGPT first turns, or random ids of one length (records without ``dataset``
+    are random ids)."""
+    if run.get("dataset") == "sharegpt":
+        return f"ShareGPT first turns ({run['output_len']} out)"
+    return f"requests x ({run['input_len']} in, {run['output_len']} out)"
+
+
 def throughput_latency(data: dict, out: Path) -> Path:
     runs = data["runs"]
     policies = ordered(r["policy"] for r in runs if r["mode"] != "plain")
@@ -268,8 +276,8 @@ def throughput_latency(data: dict, out: Path) -> Path:
     ax.set_xlabel("p95 end-to-end latency (s)")
     ax.set_ylabel("output throughput (tok/s)")
     ax.set_title(
-        f"Throughput vs latency, real SGLang servers (CPU, tiny model)\n{first['requests']} requests per rate x "
-        f"({first['input_len']} in, {first['output_len']} out), --max-total-tokens {first['max_total_tokens']}; "
+        f"Throughput vs latency, real SGLang servers (CPU)\n{first['requests']} {load_words(first)} per rate, "
+        f"--max-total-tokens {first['max_total_tokens']}; "
         "r = request rate (req/s)",
         fontsize=9,
     )

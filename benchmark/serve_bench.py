@@ -1,6 +1,6 @@
 """What the server benchmarks (serve_capacity.py, overhead.py, sla_throughput.py, quality.py) share: the model they
-serve (``--model-path``), the load's prompts, the decode step times read from SGLang's log, the table's empty cell,
-and the closing wall time and ``--json`` record."""
+serve (``--model-path``), the load (``--dataset`` and its flags; random prompts), the decode step times read from
+SGLang's log, the table's empty cell, and the closing wall time and ``--json`` record."""
 
 from __future__ import annotations
 
@@ -33,6 +33,29 @@ def add_model_path(ap: argparse.ArgumentParser, default: str, extra: tuple[str, 
         default=default,
         help=f"a checkpoint directory, or one the project builds: {names} (default: {default})",
     )
+
+
+def add_dataset_args(ap: argparse.ArgumentParser) -> None:
+    """``--dataset`` (ShareGPT first turns through bench_serving's own loader, the default for a real checkpoint;
+    random ids for the tiny model) and ShareGPT's flags as bench_serving names them. ``dataset_of`` resolves the
+    default."""
+    ap.add_argument(
+        "--dataset",
+        choices=("sharegpt", "random"),
+        default=None,
+        help="ShareGPT first turns through bench_serving's loader (default for a real checkpoint), or random ids",
+    )
+    ap.add_argument("--dataset-path", help="ShareGPT JSON (default: the repaired copy, vtoken_sglang.tools.sharegpt)")
+    ap.add_argument("--sharegpt-context-len", type=int, default=1024, help="leave out longer prompt + output pairs")
+
+
+SHAREGPT_DEFAULTS = {"max_total_tokens": 4096, "output_len": 128}
+"""A ShareGPT load's pool and new tokens per request (bench_serving's ``--sharegpt-output-len``) unless given."""
+
+
+def dataset_of(args: argparse.Namespace) -> str:
+    """``--dataset`` or its default: ShareGPT for a real checkpoint, random ids for the tiny model."""
+    return args.dataset or ("random" if args.model_path == TINY else "sharegpt")
 
 
 def model_path(value: str) -> str:

@@ -51,7 +51,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from serve_bench import TINY, add_model_path, dash, decode_step_ms, finish, model_path, random_prompts  # noqa: E402
+from serve_bench import (  # noqa: E402
+    SHAREGPT_DEFAULTS,
+    TINY,
+    add_dataset_args,
+    add_model_path,
+    dash,
+    dataset_of,
+    decode_step_ms,
+    finish,
+    model_path,
+    random_prompts,
+)
 
 from vtoken_sglang.config import DECODE_SCORE_POLICIES, VTokenConfig  # noqa: E402
 from vtoken_sglang.integration.parts.admission import Admission, server_policy  # noqa: E402
@@ -351,14 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--output-len", type=int, default=None, help="default: 960 (ShareGPT: 128, its --sharegpt-output-len)"
     )
-    ap.add_argument(
-        "--dataset",
-        choices=("sharegpt", "random"),
-        default=None,
-        help="ShareGPT first turns through bench_serving's loader (default for a real checkpoint), or random ids",
-    )
-    ap.add_argument("--dataset-path", help="ShareGPT JSON (default: the repaired copy, vtoken_sglang.tools.sharegpt)")
-    ap.add_argument("--sharegpt-context-len", type=int, default=1024, help="leave out longer prompt + output pairs")
+    add_dataset_args(ap)
     ap.add_argument("--seed", type=int, default=1, help="bench_serving's --seed: which ShareGPT conversations")
     ap.add_argument(
         "--score-every",
@@ -384,13 +388,13 @@ def main(argv: list[str] | None = None) -> int:
         print_shared_prefix(runs, args)
         return finish(t0, runs, args.json)
     real = args.model_path != TINY
-    args.dataset = args.dataset or ("sharegpt" if real else "random")
+    args.dataset = dataset_of(args)
     args.policies = args.policies or (["random"] if args.quick and real else ["random", "streaming"])
     args.budget_ratio = args.budget_ratio or 0.5
     plain = True
     if args.dataset == "sharegpt":
-        args.output_len = args.output_len or 128
-        args.max_total_tokens = args.max_total_tokens or 4096
+        args.output_len = args.output_len or SHAREGPT_DEFAULTS["output_len"]
+        args.max_total_tokens = args.max_total_tokens or SHAREGPT_DEFAULTS["max_total_tokens"]
         if args.quick:
             args.requests, plain = 32, False
     else:

@@ -4,12 +4,14 @@ with ``python -m sglang.bench_serving`` against real servers.
     .venv/bin/python benchmark/sla_throughput.py [--model-path M] [--quick] [--json PATH]
 
 The model: ``--model-path`` (default SmolLM2-135M-Instruct, the real checkpoint the project builds; ``tiny`` for the
-tiny random LLaMA); the pool and the output length default by model (``DEFAULTS``: a real model's step is about 100x
-the tiny one's, so its requests are shorter and its pool sized to the same pressure).
-Each mode gets one server (CPU, page 16, radix cache on, a ``--max-total-tokens`` small enough that KV
-memory limits concurrency); on it, one bench_serving run per request rate (Poisson arrivals, ``random-ids``
-prompts of exactly ``--input-len`` ids, exactly ``--output-len`` greedy tokens each, the same seed everywhere).
-From each run: output throughput (tok/s) and p95 end-to-end latency.
+tiny random LLaMA). The load (``--dataset``): ShareGPT first turns through bench_serving's own loader, the default for
+a real checkpoint (the paper's workload; ``--output-len`` new tokens each, 128 unless given, a pool of 4096), or
+``random-ids`` prompts of exactly ``--input-len`` ids, the tiny model's default (pool and output length by model,
+``DEFAULTS``: a real model's step is about 100x the tiny one's, so its requests are shorter and its pool sized to
+the same pressure). Each mode gets one server (CPU, page 16, radix cache on, a ``--max-total-tokens`` small enough
+that KV memory limits concurrency); on it, one bench_serving run per request rate (Poisson arrivals, exactly
+``--output-len`` greedy tokens each, the same seed everywhere). From each run: output throughput (tok/s) and p95
+end-to-end latency.
 
 The SLA, written down (the paper's definition made exact):
 1. Naive-Evict's *saturation point* (per policy) is the lowest swept rate whose output throughput is at least 97%
@@ -34,9 +36,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from serve_bench import TINY, add_model_path, finish, model_path  # noqa: E402
+from serve_bench import (  # noqa: E402
+    SHAREGPT_DEFAULTS,
+    TINY,
+    add_dataset_args,
+    add_model_path,
+    dataset_of,
+    finish,
+    model_path,
+)
 
-from vtoken_sglang.tools.bench_load import bench_serving_command, random_ids_load  # noqa: E402
+from vtoken_sglang.tools import sharegpt  # noqa: E402
+from vtoken_sglang.tools.bench_load import bench_serving_command, random_ids_load, sharegpt_load  # noqa: E402
 from vtoken_sglang.tools.launcher import (  # noqa: E402
     SglangServer,
     cpu_env,
@@ -46,6 +57,22 @@ from vtoken_sglang.tools.launcher import (  # noqa: E402
 SATURATION = 0.97  # a rate within 3% of Naive-Evict's best throughput is its saturation point
 SLA_SLACK = 1.05
 DEFAULTS = {TINY: {"max_total_tokens": 4096, "output_len": 480}, "real": {"max_total_tokens": 2048, "output_len": 224}}
+DEFAULTS["sharegpt"] = SHAREGPT_DEFAULTS
+
+
+def load_flags(args) -> list[str]:
+    """bench_serving's dataset flags for ``args``' load."""
+    if args.dataset == "sharegpt":
+        path = args.dataset_path or sharegpt.build()
+        return sharegpt_load(args.requests, args.output_len, args.sharegpt_context_len, path)
+    return random_ids_load(args.requests, args.input_len, args.output_len, 1.0)
+
+
+def describe(args) -> str:
+    """The load in words, for the table's first line."""
+    if args.dataset == "sharegpt":
+        return f"{args.requests} ShareGPT first turns per rate ({args.output_len} out)"
+    return f"{args.requests} requests per rate x ({args.input_len} in, {args.output_len} out)"
 
 
 def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -> dict:
@@ -56,7 +83,7 @@ def bench_rate(server: SglangServer, model: str, rate: float, args, seed: int) -
             server.url,
             model,
             out,
-            *random_ids_load(args.requests, args.input_len, args.output_len, 1.0),
+            *load_flags(args),
             rate=rate,
             seed=seed,
         )
@@ -98,7 +125,8 @@ def run_mode(model: str, mode: str, policy: str | None, args, bar) -> dict:
         "budget_ratio": args.budget_ratio if mode != "plain" else 1.0,
         "max_total_tokens": args.max_total_tokens,
         "requests": args.requests,
-        "input_len": args.input_len,
+        "dataset": args.dataset,
+        "input_len": args.input_len if args.dataset == "random" else None,
         "output_len": args.output_len,
         "points": points,
     }
@@ -116,7 +144,8 @@ def sla_throughput(run: dict, latency: float) -> float:
     return max(ok, default=0.0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line with every default resolved (the load's by dataset and model, then ``--quick``'s)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--quick", action="store_true", help="random only, 4 rates, 16 requests per point (tiny: about 8 min here)"
@@ -125,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--quick: random)")
     ap.add_argument("--rates", nargs="+", type=float, default=None, help="requests/s, ascending (inf: all at once)")
     ap.add_argument("--budget-ratio", type=float, default=0.5)
-    ap.add_argument("--max-total-tokens", type=int, help="default: 2048 (tiny: 4096)")
+    ap.add_argument("--max-total-tokens", type=int, help="default: ShareGPT 4096; random ids 2048 (tiny: 4096)")
     ap.add_argument("--requests", type=int, default=32, help="prompts per rate point")
     ap.add_argument("--input-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, help="default: 224 (tiny: 480)")
+    ap.add_argument("--output-len", type=int, help="default: ShareGPT 128; random ids 224 (tiny: 480)")
+    add_dataset_args(ap)
     add_model_path(ap, default="smollm2")
     args = ap.parse_args(argv)
-    for name, value in DEFAULTS[TINY if args.model_path == TINY else "real"].items():
+    args.dataset = dataset_of(args)
+    key = "sharegpt" if args.dataset == "sharegpt" else TINY if args.model_path == TINY else "real"
+    for name, value in DEFAULTS[key].items():
         setattr(args, name, getattr(args, name) or value)
     if args.quick:
         args.policies = args.policies or ["random"]
@@ -139,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         args.requests = 16
     args.policies = args.policies or ["random", "streaming"]
     args.rates = args.rates or [1.0, 2.0, 4.0, 8.0, float("inf")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from tqdm import tqdm
 
     model = model_path(args.model_path)
@@ -147,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(total=len(modes) * len(args.rates), desc="sla_throughput", unit="point", file=sys.stderr) as bar:
         runs = [run_mode(model, mode, policy, args, bar) for mode, policy in modes]
     print(
-        f"sla_throughput: {args.requests} requests per rate x ({args.input_len} in, {args.output_len} out), "
+        f"sla_throughput: {describe(args)}, "
         f"--max-total-tokens {args.max_total_tokens}, page 16, budget ratio {args.budget_ratio}"
     )
     hdr = (
