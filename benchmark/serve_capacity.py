@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--degrees", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--system-len", type=int, default=512)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="default: 8192 (--shared-prefix: 32768)")
-    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--requests", type=int, help="default 24 (--quick: its load's; ShareGPT 32)")
     ap.add_argument(
         "--input-len", type=int, default=None, help="prompt ids; default: 64 (--shared-prefix: the question, 16)"
     )
@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_total_tokens = args.max_total_tokens or 32768
         if args.quick:
             args.requests, args.system_len, args.output_len = 8, 256, 256
+        args.requests = args.requests or 24
         if any(args.requests % d for d in args.degrees):
             ap.error("--requests must be a multiple of every --degrees value")
         runs = run_shared_prefix(model, args)
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         args.output_len = args.output_len or SHAREGPT_DEFAULTS["output_len"]
         args.max_total_tokens = args.max_total_tokens or SHAREGPT_DEFAULTS["max_total_tokens"]
         if args.quick:
-            args.requests, plain = 32, False
+            args.requests, plain = args.requests or 32, False
     else:
         args.input_len, args.max_total_tokens = args.input_len or 64, args.max_total_tokens or 8192
         args.output_len = args.output_len or 960
@@ -404,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_total_tokens, args.requests, args.input_len, args.output_len, plain = QUICK[
                 "real" if real else TINY
             ]
+    args.requests = args.requests or 24
     load = make_load(args, model)
     todo = [("plain", None, 1.0, 1)] if plain else []
     for policy in args.policies:
