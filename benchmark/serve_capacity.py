@@ -138,6 +138,15 @@ def make_load(args, model: str) -> Load:
     return Load("random-id", prompts, [args.input_len] * len(prompts), [args.output_len] * len(prompts))
 
 
+def budget_options(args, ratio: float) -> dict:
+    """The eviction budget as VTokenConfig's options: ``--budget`` tokens if given, else ``ratio``."""
+    return {"vtoken_budget": args.budget} if args.budget else {"vtoken_budget_ratio": ratio}
+
+
+def budget_words(args) -> str:
+    return f"budget {args.budget} tokens" if args.budget else f"budget ratio {args.budget_ratio}"
+
+
 def ideal_running(load: Load, args, mode: str, policy: str | None) -> float:
     """``Admission.ideal_running`` of ``load`` on the server of ``mode`` and ``policy``: vToken charged its budget
     plus slack, Naive-Evict the same plus a page where its victims empty whole pages, else, like plain SGLang, its
@@ -148,7 +157,7 @@ def ideal_running(load: Load, args, mode: str, policy: str | None) -> float:
             {
                 "enable_vtoken": True,
                 "vtoken_policy": policy,
-                "vtoken_budget_ratio": args.budget_ratio,
+                **budget_options(args, args.budget_ratio),
                 "vtoken_recent": RECENT,
             }
         )
@@ -170,8 +179,7 @@ def mode_flags(args, mode: str, policy: str | None, ratio: float, every: int = 1
             "--enable-vtoken",
             "--vtoken-policy",
             policy,
-            "--vtoken-budget-ratio",
-            str(ratio),
+            *[f"--{k.replace('_', '-')}={v}" for k, v in budget_options(args, ratio).items()],
             "--vtoken-recent",
             str(RECENT),
             "--vtoken-reclaim",
@@ -199,7 +207,8 @@ def measure(
     return {
         "mode": mode,
         "policy": policy or "none",
-        "budget_ratio": ratio if mode != "plain" else 1.0,
+        "budget_ratio": None if args.budget else ratio if mode != "plain" else 1.0,
+        "budget": args.budget if mode != "plain" else None,
         "score_every": every if policy in DECODE_SCORE_POLICIES else None,
         "step_ms": round(steps[len(steps) // 2], 2) if steps else None,
         "score_ms": round(vt["scoring_ms"] / len(steps), 3) if "scoring_ms" in vt and steps else None,
@@ -347,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chat", help="a question the first vToken server answers as a chat completion, printed")
     ap.add_argument("--policies", nargs="+", default=None, help="default: random streaming (--shared-prefix: random)")
     ap.add_argument("--budget-ratio", type=float, default=None, help="default: 0.5 (--shared-prefix: 0.25)")
+    ap.add_argument("--budget", type=int, help="tokens kept per request, for --budget-ratio (not --shared-prefix)")
     ap.add_argument(
         "--shared-prefix",
         action="store_true",
@@ -372,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         help="score-based policies: vToken runs once per k (the first is compared with Naive-Evict)",
     )
     args = ap.parse_args(argv)
+    if args.budget and (args.budget_ratio or args.shared_prefix):
+        ap.error("--budget replaces --budget-ratio, and --shared-prefix takes ratios only")
     model = model_path(args.model_path)
     t0 = time.monotonic()
     if args.shared_prefix:
@@ -430,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             r["identical_to_naive"] = True if r["mode"] == "naive" else None
     print(
         f"serve_capacity: {load.describe()}, --max-total-tokens {args.max_total_tokens}, page {PAGE}, "
-        f"budget ratio {args.budget_ratio}"
+        f"{budget_words(args)}"
     )
     hdr = (
         f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'ideal':>7}{'usage':>7}{'retract':>8}{'peak_pg':>8}"
@@ -453,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = ""
         if v["ideal_running"]:
             verdict += f"; vToken runs {v['max_running_requests'] / v['ideal_running']:.2f} of its ideal"
-        if policy == "random" and args.budget_ratio == 0.5 and args.dataset == "random":
+        if policy == "random" and not args.budget and args.budget_ratio == 0.5 and args.dataset == "random":
             ok = gain >= 1.8 and v["retractions"] == 0 and v["identical_to_naive"]
             verdict = f"  target (>= 1.8, no retraction, identical): {'met' if ok else 'MISSED'}"
         print(
