@@ -15,12 +15,13 @@ grow to: plain SGLang its full length; vToken its eviction budget (evicted token
 reclaim); Naive-Evict its budget only when the policy's victims empty whole pages (streaming), else its full length
 (random victims leave nearly every page with a live token, so eviction frees almost nothing).
 
-Per run: ``max_running_requests`` (peak concurrently running, from the scheduler's per-step log),
-``retractions`` (sum of the requests' ``num_retractions``), ``peak_allocated_pages`` (peak KV pool usage from the
-same log), ``output_throughput`` (output tokens / wall seconds), ``p95_latency_s``, ``identical_to_naive``
-(greedy token ids equal to the Naive-Evict run of the same policy), ``step_ms`` (median scheduler time per decode
-step: SGLang's per-step log gives #running-req and the step's gen throughput, and N / throughput is the time since
-the previous decode step, the whole loop included), ``score_ms`` (vToken's scoring time per decode step: its
+Per run: ``max_running_requests`` (peak concurrently running, from the scheduler's per-step log), ``retractions`` (sum
+of the requests' ``num_retractions``), ``peak_allocated_pages`` (peak KV pool usage from the same log),
+``output_throughput`` (output tokens / wall seconds), ``p95_latency_s``, ``identical_to_naive`` (greedy token ids
+equal to the Naive-Evict run of the same policy, over the ``compared`` requests neither run retracted: a retracted
+request is prefilled again whole and trimmed anew, so its victims differ), ``step_ms`` (median scheduler time per
+decode step: SGLang's per-step log gives #running-req and the step's gen throughput, and N / throughput is the time
+since the previous decode step, the whole loop included), ``score_ms`` (vToken's scoring time per decode step: its
 ``scoring_ms`` counter over the run's decode steps, host time).
 
 Score-based policies (h2o, tova, scissorhands, snapkv) need attention scores the engine collects; ``--score-every``
@@ -105,6 +106,7 @@ def run_load(server: SglangServer, prompts: list[list[int] | str], output_lens: 
     return {
         "ids": [r[0]["output_ids"] for r in results],
         "retractions": sum(r[0]["meta_info"].get("num_retractions", 0) for r in results),
+        "retracted": [r[0]["meta_info"].get("num_retractions", 0) > 0 for r in results],
         "output_throughput": round(sum(len(r[0]["output_ids"]) for r in results) / wall, 1),
         "p95_latency_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 2),
         "wall_s": round(wall, 1),
@@ -229,7 +231,18 @@ def measure(
         "wall_s": load["wall_s"],
         "vtoken": info.get("vtoken"),
         "_ids": load["ids"],
+        "_retracted": load["retracted"],
     }
+
+
+def same_tokens(run: dict, naive: dict) -> tuple[bool, int]:
+    """Whether ``run`` gave ``naive``'s tokens for every request neither retracted, and how many those are."""
+    pairs = [
+        (mine, theirs)
+        for mine, theirs, *retracted in zip(run["_ids"], naive["_ids"], run["_retracted"], naive["_retracted"])
+        if not any(retracted)
+    ]
+    return all(mine == theirs for mine, theirs in pairs), len(pairs)
 
 
 def chat(server: SglangServer, question: str) -> None:
@@ -437,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         naive = next((n for n in runs if n["mode"] == "naive" and n["policy"] == r["policy"]), None)
         first = r["score_every"] in (None, args.score_every[0])
         if r["mode"] == "vtoken":
-            r["identical_to_naive"] = r["_ids"] == naive["_ids"] if first else None
+            r["identical_to_naive"], r["compared"] = same_tokens(r, naive) if first else (None, None)
         else:
             r["identical_to_naive"] = True if r["mode"] == "naive" else None
     print(
@@ -472,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{policy}: vToken / Naive-Evict max running = {gain:.2f}, retractions {n['retractions']} -> "
             f"{v['retractions']}, throughput x{v['output_throughput'] / max(n['output_throughput'], 1e-9):.2f}{verdict}"
         )
+        if v["compared"] < len(v["_ids"]):
+            print(f"  {policy}: tokens compared over the {v['compared']} requests neither run retracted")
     off = next((r for r in runs if r["mode"] == "vtoken" and r["policy"] == "random"), None)
     for policy in [p for p in args.policies if p in DECODE_SCORE_POLICIES]:
         parts = [
