@@ -79,6 +79,7 @@ QUICK = {TINY: (4096, 16, 32, 480, True), "real": (4096, 16, 256, 256, False)}
 RUNNING = re.compile(r"#running-req: (\d+)")
 USAGE = re.compile(r"token usage: ([0-9.]+)")
 RECENT = 16  # --vtoken-recent of every run
+REQUESTS = 24  # --requests unless given (or --quick's load sets it)
 TOGETHER = 4  # servers started at once (memory: a real model's server holds a few GB)
 
 
@@ -146,6 +147,7 @@ def budget_options(args, ratio: float) -> dict:
 
 
 def budget_words(args) -> str:
+    """The budget as the table's first line says it."""
     return f"budget {args.budget} tokens" if args.budget else f"budget ratio {args.budget_ratio}"
 
 
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--degrees", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--system-len", type=int, default=512)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="default: 8192 (--shared-prefix: 32768)")
-    ap.add_argument("--requests", type=int, help="default 24 (--quick: its load's; ShareGPT 32)")
+    ap.add_argument("--requests", type=int, help=f"default {REQUESTS} (--quick: its load's; ShareGPT 32)")
     ap.add_argument(
         "--input-len", type=int, default=None, help="prompt ids; default: 64 (--shared-prefix: the question, 16)"
     )
@@ -407,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_total_tokens = args.max_total_tokens or 32768
         if args.quick:
             args.requests, args.system_len, args.output_len = 8, 256, 256
-        args.requests = args.requests or 24
+        args.requests = args.requests or REQUESTS
         if any(args.requests % d for d in args.degrees):
             ap.error("--requests must be a multiple of every --degrees value")
         runs = run_shared_prefix(model, args)
@@ -430,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_total_tokens, args.requests, args.input_len, args.output_len, plain = QUICK[
                 "real" if real else TINY
             ]
-    args.requests = args.requests or 24
+    args.requests = args.requests or REQUESTS
     load = make_load(args, model)
     todo = [("plain", None, 1.0, 1)] if plain else []
     for policy in args.policies:
