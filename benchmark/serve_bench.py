@@ -83,12 +83,14 @@ def dash(value: float | int | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+NUMBER_LIST = re.compile(r"\[\s*(-?[0-9.e+-]+(?:,\s*-?[0-9.e+-]+)*)\s*\]")
+
+
 def write_runs_json(path: Path, runs: list[dict]) -> None:
-    """``{"runs": [...]}`` without the private (``_``-prefixed) fields."""
+    """``{"runs": [...]}`` without the private (``_``-prefixed) fields; a list of numbers on one line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1) + "\n"
-    )
+    text = json.dumps({"runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}, indent=1)
+    path.write_text(NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text) + "\n")
 
 
 def finish(t0: float, runs: list[dict], json_path: Path | None) -> int:

@@ -22,7 +22,10 @@ equal to the Naive-Evict run of the same policy, over the ``compared`` requests 
 request is prefilled again whole and trimmed anew, so its victims differ), ``step_ms`` (median scheduler time per
 decode step: SGLang's per-step log gives #running-req and the step's gen throughput, and N / throughput is the time
 since the previous decode step, the whole loop included), ``score_ms`` (vToken's scoring time per decode step: its
-``scoring_ms`` counter over the run's decode steps, host time).
+``scoring_ms`` counter over the run's decode steps, host time); over time, from the same log (``step_log``):
+``series`` (per decode step: running, KV slots in use, queued and, with eviction, the live tokens and pages of the
+rows vToken tracks), ``mean_held_pages``, ``pages_per_request`` (pages in use over running requests: what a request
+retains, averaged over the steps) and ``utilisation`` (live tokens over the tracked pages' slots).
 
 Score-based policies (h2o, tova, scissorhands, snapkv) need attention scores the engine collects; ``--score-every``
 runs vToken once per k (the first k is the one compared with Naive-Evict), and the cost of scoring is read by
@@ -64,6 +67,7 @@ from serve_bench import (  # noqa: E402
     model_path,
     random_prompts,
 )
+from step_log import read_steps  # noqa: E402
 
 from vtoken_sglang.config import DECODE_SCORE_POLICIES, VTokenConfig  # noqa: E402
 from vtoken_sglang.integration.parts.admission import Admission, server_policy  # noqa: E402
@@ -207,6 +211,7 @@ def measure(
     running = [int(m) for m in RUNNING.findall(log)]
     usage = [float(m) for m in USAGE.findall(log)]
     steps = decode_step_ms(log)
+    series = read_steps(log)
     vt = info.get("vtoken") or {}
     return {
         "mode": mode,
@@ -228,10 +233,12 @@ def measure(
         "admission_reopened": (info.get("vtoken") or {}).get("admission_reopened"),
         "retractions": load["retractions"],
         "peak_allocated_pages": round(max(usage, default=0.0) * args.max_total_tokens / PAGE),
+        **series.summary(PAGE),
         "output_throughput": load["output_throughput"],
         "p95_latency_s": load["p95_latency_s"],
         "wall_s": load["wall_s"],
         "vtoken": info.get("vtoken"),
+        "series": series.as_json(),
         "_ids": load["ids"],
         "_retracted": load["retracted"],
     }
@@ -461,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     hdr = (
         f"{'mode':<8}{'policy':<13}{'every':>6}{'max_run':>8}{'ideal':>7}{'usage':>7}{'retract':>8}{'peak_pg':>8}"
-        f"{'out_tok/s':>10}{'p95_s':>7}{'step_ms':>8}{'score_ms':>9}{'same':>6}"
+        f"{'mean_pg':>8}{'pg/req':>7}{'util':>6}{'out_tok/s':>10}{'p95_s':>7}{'step_ms':>8}{'score_ms':>9}{'same':>6}"
     )
     print(hdr)
     print("-" * len(hdr))
@@ -470,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['mode']:<8}{r['policy']:<13}{dash(r['score_every'], 'd'):>6}{r['max_running_requests']:>8}"
             f"{dash(r['ideal_running'], '.1f'):>7}{r['peak_token_usage']:>7.2f}{r['retractions']:>8}"
-            f"{r['peak_allocated_pages']:>8}{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}"
+            f"{r['peak_allocated_pages']:>8}{dash(r['mean_held_pages'], '.1f'):>8}"
+            f"{dash(r['pages_per_request'], '.2f'):>7}{dash(r['utilisation'], '.2f'):>6}"
+            f"{r['output_throughput']:>10.1f}{r['p95_latency_s']:>7.2f}"
             f"{dash(r['step_ms'], '.2f'):>8}{dash(r['score_ms'], '.3f'):>9}{same:>6}"
         )
     for policy in args.policies:
@@ -487,6 +496,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{policy}: vToken / Naive-Evict max running = {gain:.2f}, retractions {n['retractions']} -> "
             f"{v['retractions']}, throughput x{v['output_throughput'] / max(n['output_throughput'], 1e-9):.2f}{verdict}"
         )
+        if n["pages_per_request"] and v["pages_per_request"]:
+            print(
+                f"  {policy}: pages retained per running request {n['pages_per_request']:.2f} -> "
+                f"{v['pages_per_request']:.2f} (x{v['pages_per_request'] / n['pages_per_request']:.2f}), live tokens "
+                f"over tracked slots {dash(n['utilisation'], '.2f')} -> {dash(v['utilisation'], '.2f')}"
+            )
         if v["compared"] < len(v["_ids"]):
             print(f"  {policy}: tokens compared over the {v['compared']} requests neither run retracted")
     off = next((r for r in runs if r["mode"] == "vtoken" and r["policy"] == "random"), None)
