@@ -222,6 +222,7 @@ def measure(
         "step_ms": round(steps[len(steps) // 2], 2) if steps else None,
         "score_ms": round(vt["scoring_ms"] / len(steps), 3) if "scoring_ms" in vt and steps else None,
         "max_total_tokens": args.max_total_tokens,
+        "page_size": PAGE,
         "requests": args.requests,
         "input_len": args.input_len,
         "output_len": args.output_len,
