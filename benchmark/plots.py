@@ -9,6 +9,7 @@ Inputs, under ``--results`` (default benchmark/results), each written by the com
     quality.json                              quality.py --model-path recall --json (every policy and ratio)
     quality_smollm2_passkey_1k.json           quality.py --task passkey --context 1000 --prompts 12 --json
     quality_smollm2_prose_1k.json             quality.py --task prose --prompts 12 --json
+    serve_capacity_sharegpt_2048.json         serve_capacity.py (ShareGPT, 48 requests, pool 2048, four policies)
 Outputs, under ``--out`` (default: the results folder), one line printed per file written:
     page_utilization.png     live tokens per allocated page at the end, Naive-Evict vs vToken (random policy by
                              default), one panel per eviction ratio
@@ -22,6 +23,8 @@ Outputs, under ``--out`` (default: the results folder), one line printed per fil
                              budget ratios (vToken), Naive-Evict's points beside them, the full KV cache as a star
     quality_pages_smollm2.png  the same for SmolLM2's pass keys
     quality_pages_smollm2_prose.png  the same for SmolLM2's names copied out of prose
+    sharegpt_frontier.png    ShareGPT: most running and pages retained per request, per policy (plain SGLang,
+                             Naive-Evict, vToken), and h2o's running requests and pages in use over the decode steps
 ``--policy`` picks the policy of page_utilization.png (default random). Every number drawn comes from the JSON files.
 A missing input file stops the script with a one-line error (exit 1) before anything is written.
 """
@@ -47,6 +50,7 @@ SHARED = "serve_capacity_shared_prefix_quick.json"
 QUALITY = "quality.json"
 QUALITY_REAL = "quality_smollm2_passkey_1k.json"
 QUALITY_PROSE = "quality_smollm2_prose_1k.json"
+SHAREGPT = "serve_capacity_sharegpt_2048.json"
 PRODUCERS = {
     RECLAIM: "benchmark/reclaim_sim.py --json",
     SLA: "benchmark/sla_throughput.py --model-path tiny --quick --json",
@@ -54,6 +58,8 @@ PRODUCERS = {
     QUALITY: "benchmark/quality.py --model-path recall --json",
     QUALITY_REAL: "benchmark/quality.py --task passkey --context 1000 --prompts 12 --json",
     QUALITY_PROSE: "benchmark/quality.py --task prose --prompts 12 --json",
+    SHAREGPT: "benchmark/serve_capacity.py --requests 48 --max-total-tokens 2048 --score-every 1 --policies random "
+    "h2o scissorhands streaming --json",
 }
 LABEL = {
     "plain": "plain SGLang",
@@ -324,6 +330,66 @@ def shared_prefix_pages(data: dict, out: Path) -> Path:
     return save(fig, out, "shared_prefix_pages.png")
 
 
+SERVE_MODES = ("plain", "naive", "vtoken")
+BAR = 0.38  # bar width in sharegpt_frontier
+
+
+def sharegpt_frontier(data: dict, out: Path, policy: str = "h2o") -> Path:
+    """Top: per policy, most running (Naive-Evict and vToken bars, vToken's ideal as a tick, plain SGLang as a line)
+    and the pages a running request retains. Bottom: ``policy`` and plain SGLang over their decode steps: running
+    requests, and pages in use with the live tokens (in pages) dashed."""
+    fig, axes = plt.subplots(2, 2, figsize=(12.0, 8.0))
+    policies = ordered(r["policy"] for r in data["runs"] if r["mode"] == "vtoken")
+    xs = range(len(policies))
+    plain = runs_of(data, mode="plain")[:1]
+    for ax, field, what in (
+        (axes[0][0], "max_running_requests", "most running requests"),
+        (axes[0][1], "pages_per_request", "pages in use per running request"),
+    ):
+        for k, mode in enumerate(("naive", "vtoken")):
+            ys = [runs_of(data, mode=mode, policy=p)[0][field] for p in policies]
+            at = [x + (k - 0.5) * BAR for x in xs]
+            ax.bar(at, ys, BAR, color=COLOR[mode], label=LABEL[mode])
+            for x, y in zip(at, ys):
+                ax.annotate(f"{y:g}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=8)
+        if field == "max_running_requests":
+            ideal = [runs_of(data, mode="vtoken", policy=p)[0]["ideal_running"] for p in policies]
+            ax.scatter([x + 0.5 * BAR for x in xs], ideal, marker="_", s=300, color="k", label="vToken's ideal")
+        for r in plain:
+            ax.axhline(r[field], color=COLOR["plain"], linestyle="--", label=LABEL["plain"])
+        ax.set_xticks(list(xs), policies)
+        ax.set_ylabel(what)
+        ax.set_ylim(0, 1.3 * max(r[field] or 0 for r in data["runs"]))
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8, loc="upper left", ncol=2)
+    steps = {m: (runs_of(data, mode=m, policy=policy) or runs_of(data, mode=m))[0] for m in SERVE_MODES}
+    ax_run, ax_pages = axes[1]
+    for mode, r in steps.items():
+        series, page = r["series"], r["page_size"]
+        ax_run.plot(series["running"], color=COLOR[mode], label=LABEL[mode], linewidth=1)
+        ax_pages.plot([t / page for t in series["held_tokens"]], color=COLOR[mode], linewidth=1, label=LABEL[mode])
+        if series.get("live"):
+            live = [t / page for t in series["live"]]
+            ax_pages.plot(live, color=COLOR[mode], linestyle="--", linewidth=1, label=f"{LABEL[mode]}: live / page")
+    r = steps["vtoken"]
+    ax_pages.axhline(r["max_total_tokens"] / r["page_size"], color="k", linewidth=0.8, label="the pool")
+    for ax, what in ((ax_run, "running requests"), (ax_pages, "KV pages in use")):
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("decode step")
+        ax.set_ylabel(what)
+        ax.set_title(f"{policy}, pool {r['max_total_tokens']} tokens, over the load", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    budget = f"budget {r['budget']} tokens" if r.get("budget") else f"budget ratio {r['budget_ratio']:g}"
+    fig.suptitle(
+        f"ShareGPT on real SGLang servers (CPU): {r['requests']} first turns (mean {r['mean_prompt_len']:.0f} in, "
+        f"{r['output_len']} out) sent at once, page {r['page_size']}, {budget}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return save(fig, out, "sharegpt_frontier.png")
+
+
 def quality_pages(data: dict, out: Path, name: str) -> Path:
     runs = data["runs"]
     fig, ax = plt.subplots(figsize=(8.4, 4.6))
@@ -370,8 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or args.results
     try:
-        inputs = (RECLAIM, SLA, SHARED, QUALITY, QUALITY_REAL, QUALITY_PROSE)
-        reclaim, sla, shared, quality, quality_real, quality_prose = (load(args.results, name) for name in inputs)
+        inputs = (RECLAIM, SLA, SHARED, QUALITY, QUALITY_REAL, QUALITY_PROSE, SHAREGPT)
+        reclaim, sla, shared, quality, quality_real, quality_prose, sharegpt = (
+            load(args.results, name) for name in inputs
+        )
         out.mkdir(parents=True, exist_ok=True)
         page_utilization(reclaim, out, args.policy)
         retained_pages(reclaim, out)
@@ -381,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         quality_pages(quality, out, "quality_pages.png")
         quality_pages(quality_real, out, "quality_pages_smollm2.png")
         quality_pages(quality_prose, out, "quality_pages_smollm2_prose.png")
+        sharegpt_frontier(sharegpt, out)
     except InputError as e:
         print(e, file=sys.stderr)
         return 1

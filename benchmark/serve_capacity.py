@@ -25,7 +25,7 @@ since the previous decode step, the whole loop included), ``score_ms`` (vToken's
 ``scoring_ms`` counter over the run's decode steps, host time); over time, from the same log (``step_log``):
 ``series`` (per decode step: running, KV slots in use, queued and, with eviction, the live tokens and pages of the
 rows vToken tracks), ``mean_held_pages``, ``pages_per_request`` (pages in use over running requests: what a request
-retains, averaged over the steps) and ``utilisation`` (live tokens over the tracked pages' slots).
+retains, averaged over the steps) and ``utilisation`` (live tokens over the KV slots in use).
 
 Score-based policies (h2o, tova, scissorhands, snapkv) need attention scores the engine collects; ``--score-every``
 runs vToken once per k (the first k is the one compared with Naive-Evict), and the cost of scoring is read by
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {policy}: pages retained per running request {n['pages_per_request']:.2f} -> "
                 f"{v['pages_per_request']:.2f} (x{v['pages_per_request'] / n['pages_per_request']:.2f}), live tokens "
-                f"over tracked slots {dash(n['utilisation'], '.2f')} -> {dash(v['utilisation'], '.2f')}"
+                f"over slots in use {dash(n['utilisation'], '.2f')} -> {dash(v['utilisation'], '.2f')}"
             )
         if v["compared"] < len(v["_ids"]):
             print(f"  {policy}: tokens compared over the {v['compared']} requests neither run retracted")

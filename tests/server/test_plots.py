@@ -28,6 +28,7 @@ INPUTS = (
     "quality.json",
     "quality_smollm2_passkey_1k.json",
     "quality_smollm2_prose_1k.json",
+    "serve_capacity_sharegpt_2048.json",
 )
 FIGURES = (
     "page_utilization.png",
@@ -38,6 +39,7 @@ FIGURES = (
     "quality_pages.png",
     "quality_pages_smollm2.png",
     "quality_pages_smollm2_prose.png",
+    "sharegpt_frontier.png",
 )
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_BYTES = 10_000  # a figure with axes, bars and text; an empty canvas is a few KB
@@ -147,6 +149,30 @@ def server_results(folder: Path) -> None:
     for r in quality:
         r.update(task="prose")
     (folder / INPUTS[5]).write_text(json.dumps({"runs": quality}))
+    for name, pool in ((INPUTS[6], 2048),):
+        capacity = [
+            {
+                "mode": mode,
+                "policy": policy,
+                "max_total_tokens": pool,
+                "page_size": 16,
+                "requests": 8,
+                "mean_prompt_len": 200.0,
+                "output_len": 32,
+                "budget": None,
+                "budget_ratio": 0.5,
+                "max_running_requests": pool // 512 * (2 if mode == "vtoken" else 1),
+                "ideal_running": pool / 256,
+                "pages_per_request": 12.0 if mode == "vtoken" else 18.0,
+                "series": {
+                    "running": [4, 4, 3, 2],
+                    "held_tokens": [800, 832, 640, 480],
+                    **({"live": [700, 720, 500, 300]} if mode != "plain" else {}),
+                },
+            }
+            for mode, policy in [("plain", "none")] + [(m, p) for p in ("random", "h2o") for m in ("naive", "vtoken")]
+        ]
+        (folder / name).write_text(json.dumps({"runs": capacity}))
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def test_each_vtoken_line_belongs_to_the_decode_step_before_it():
     assert summary["steps"] == 2
     assert summary["mean_held_pages"] == pytest.approx((4 + 10) / 2)
     assert summary["pages_per_request"] == pytest.approx((4 / 2 + 10 / 4) / 2)
-    assert summary["utilisation"] == pytest.approx(140 / (12 * 16), abs=1e-3)
+    assert summary["utilisation"] == pytest.approx(140 / 224, abs=1e-3)
 
 
 def test_a_log_without_vtoken_lines_has_no_live_figures():
