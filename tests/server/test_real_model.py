@@ -129,7 +129,7 @@ def test_sharegpt_capacity_on_the_real_model(tmp_path):
     """bench_serving's default workload, CI-sized: 24 ShareGPT first turns (prompts of 6 to 931 tokens) through
     ``serve_capacity.py`` on SmolLM2, random at ratio 0.5, 64 new tokens each, a pool of 2048: vToken runs more
     requests at once than Naive-Evict, with identical tokens, no request lost and no retraction Naive-Evict does not
-    also make. (The full-size table: benchmark/README.md.)"""
+    also make. (The full-size table: benchmark/SHAREGPT.md.)"""
     out = tmp_path / "capacity.json"
     cmd = [PY, "benchmark/serve_capacity.py", "--quick", "--requests", "24", "--output-len", "64"]
     (run,) = run_all([[*cmd, "--max-total-tokens", "2048", "--json", str(out)]], timeout=1500)
