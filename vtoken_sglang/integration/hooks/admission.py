@@ -1,5 +1,5 @@
 """Hooks on SGLang's admission and retraction: reservations and checks capped by eviction budgets (``admission``),
-admission reopened by a round that freed room, the radix cache's match leaving a prefill-scored prompt its window,
+admission reopened by a round that made room, the radix cache's match leaving a prefill-scored prompt its window,
 and reclaim before retracting."""
 
 from __future__ import annotations
@@ -33,26 +33,34 @@ def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_t
 def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs):
     """AROUND ``PrefillAdder._check_prefill_budget``: upstream checks a new request's fit with its whole remaining
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
-    it keep; the check asks for that same capped amount. A refusal is recorded (``Admission.refused``) for
-    ``reopen_after_round``."""
+    it keep; the check asks for that same capped amount, plus the room of the largest pending prefix copy (its own
+    or a running or admitted request's: ``Admission.copy_room``), which is checked, not charged; a request that
+    would run alone is checked as upstream checks it (a copy it has no room for leaves it holding its prompt, as
+    Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for ``reopen_after_round``."""
     rt = process.current()
     if rt is None or rt.policy is None:
         return original(adder, req, *args, total_tokens=total_tokens, **kwargs)
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
+    adm = rt.admission
+    prompt = len(req.full_untruncated_fill_ids)
     max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
     if max_new > 0:
-        total_tokens -= max_new - rt.admission.new_request_kv(len(req.full_untruncated_fill_ids), max_new)
-    fits, chunk_limit = original(adder, req, *args, total_tokens=total_tokens, **kwargs)
+        total_tokens -= max_new - adm.new_request_kv(prompt, max_new)
+    own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
+    others = [*adder.running_batch.reqs, *adder.can_run_list]
+    copy = max(own_copy, adm.running_copy_room(others)) if others else 0  # alone: admitted as upstream would
+    fits, chunk_limit = original(adder, req, *args, total_tokens=total_tokens + copy, **kwargs)
     if not fits:
-        rt.admission.refused(total_tokens)
+        adm.refused(total_tokens, own_copy)
     return fits, chunk_limit
 
 
 def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
     """After an eviction round: SGLang shuts admission after a refusal (``batch_is_full``) until a request
-    leaves; a round that freed pages reopens it when the room admission would now see (its own prefill budget:
-    free and evictable tokens, less what the running requests reserve) fits the refused request."""
+    leaves; a round that made room (free or evictable tokens grew) reopens it when the room admission would now
+    see (its own prefill budget: free and evictable tokens, less what the running requests reserve) fits the
+    refused request and the largest pending prefix copy."""
     rt = process.current()
     closed = running_batch.batch_is_full and scheduler.waiting_queue
     if not (freed and closed and rt.admission.refused_need is not None):
@@ -66,7 +74,7 @@ def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
     reserved = rt.admission.running_reservation(
         running_batch.reqs, scheduler.new_token_ratio_tracker.current, CLIP_MAX_NEW_TOKENS
     )
-    if rt.admission.reopens(int(budget.remaining_total) - reserved):
+    if rt.admission.reopens(int(budget.remaining_total) - reserved, rt.admission.running_copy_room(running_batch.reqs)):
         running_batch.batch_is_full = False
 
 

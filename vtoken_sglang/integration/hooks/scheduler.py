@@ -91,16 +91,22 @@ def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **
     ends them by length are left alone, as the results would have finished them; a request that ends on a stop
     token is only known to have ended after this round (its extra victims change nothing it outputs). The round
     reads only the Token Table, the batch's rows and lengths, and the tree locks, none of which a pending result
-    changes. Then admission, shut by a refusal, reopens if the round freed room for the refused request
+    changes. Then admission, shut by a refusal, reopens if the round made room for the refused request
     (``admission.reopen_after_round``)."""
     rt = process.current()
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
-    free = rt.allocator.available_size()
+    room = _room(scheduler, rt)
     rt.after_decode(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
     if running_batch is not None:
-        admission.reopen_after_round(scheduler, running_batch, freed=rt.allocator.available_size() > free)
+        admission.reopen_after_round(scheduler, running_batch, freed=_room(scheduler, rt) > room)
     return None
+
+
+def _room(scheduler, rt) -> int:
+    """Tokens admission may take: free in the allocator, and held by tree nodes nobody locks (a prefix copy turns
+    a prompt's locked tree pages into such nodes without freeing any)."""
+    return rt.allocator.available_size() + scheduler.tree_cache.evictable_size()
 
 
 def recheck_after_prefill(result, scheduler, batch, *args, **kwargs) -> None:

@@ -7,9 +7,10 @@ from). The hooks of ``hooks.admission`` ask ``future_kv`` (running requests) and
 being checked and charged: one rule for both); pressure reclaim before retraction is the reclaimer's.
 
 A refused admission shuts SGLang's admission until a request leaves (``ScheduleBatch.batch_is_full``). Eviction
-rounds also make room (a prompt trimmed below what it was charged, pages compacted and freed), so the refusal's
-need is kept (``refused``) and, after a round that freed pages, compared with the room admission would now see
-(``room``): admission reopens when the refused request fits, not at every step of a full batch.
+rounds also make room (a prompt trimmed below what it was charged, pages compacted and freed, tree pages left to
+eviction by a copy), so the refusal's need is kept (``refused``) and, after a round that made room, compared with
+the room admission would now see (``reopens``): admission reopens when the refused request fits, not at every step
+of a full batch. Both checks leave room for the largest pending prefix copy (``copy_room``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Admission:
         self.page_size = page_size
         self.prompt_in_tree = prompt_in_tree
         self.refused_need: int | None = None  # tokens the last refused request needed; None: none refused since
+        self.refused_copy = 0  # the room its own prefix copy needs (``copy_room``)
         self.reopened = 0  # times a round's freed room reopened a closed admission
 
     @property
@@ -103,6 +105,38 @@ class Admission:
         protected = prompt_len // self.page_size * self.page_size if self.prompt_in_tree else 0
         return self.future_kv(prompt_len, prompt_len, max_new_tokens, protected)
 
+    def copy_room(self, protected: np.ndarray, final_len: np.ndarray) -> int:
+        """Free tokens the largest pending prefix copy needs, for requests holding ``protected`` tokens in locked
+        tree pages and of logical length ``final_len`` at their end (int64 arrays of one length). A request that
+        evicts (its final length over ``kept_at_end``) copies its live prefix tokens, at most what it keeps, to new
+        private pages before the tree's pages become evictable: a copy needs room before it gives any back, and
+        without it the request holds its whole prompt to its end while admission counted it at its budget. Copies
+        run one group after another, each release making room for the next, so admission leaves room for the
+        largest copy, not for all of them. In whole pages; 0 without prefix copies."""
+        if not self.prefix_copies or len(protected) == 0:
+            return 0
+        keep = self.kept_at_end(final_len)
+        largest = int(np.where(final_len > keep, np.minimum(protected, keep), 0).max())
+        return -(-largest // self.page_size) * self.page_size
+
+    def running_copy_room(self, reqs: Sequence) -> int:
+        """``copy_room`` of the requests ``reqs`` (SGLang's ``Req``), running or admitted: their locked tree tokens
+        now (``cache_protected_len``), their prompt and ``max_new_tokens`` at the end."""
+        n = len(reqs)
+        if not self.prefix_copies or n == 0:
+            return 0
+        protected = np.fromiter((r.kv.cache_protected_len for r in reqs), dtype=np.int64, count=n)
+        final = np.fromiter(
+            (len(r.origin_input_ids) + r.sampling_params.max_new_tokens for r in reqs), dtype=np.int64, count=n
+        )
+        return self.copy_room(protected, final)
+
+    def new_copy_room(self, prompt_len: int, matched: int, max_new_tokens: int) -> int:
+        """``copy_room`` of a request about to be prefilled: the tokens that will sit in locked tree pages after its
+        prefill are its prompt's whole pages when the radix cache takes prompts, else the prefix it matched."""
+        protected = prompt_len // self.page_size * self.page_size if self.prompt_in_tree else matched
+        return self.copy_room(np.array([protected], dtype=np.int64), np.array([prompt_len + max_new_tokens]))
+
     def running_reservation(self, reqs: Sequence, new_token_ratio: float, clip: int) -> int:
         """What admission reserves for the future KV of the running requests ``reqs``: per request upstream's
         estimate (its remaining new tokens, clipped at ``clip``, times ``new_token_ratio``, or 1 for ``ignore_eos``)
@@ -124,14 +158,16 @@ class Admission:
         protected = column(r.kv.cache_protected_len for r in reqs)
         return int(np.minimum(upstream, self.future_kv_many(current, logical, remaining, protected)).sum())
 
-    def refused(self, need: int) -> None:
-        """Admission refused a request needing ``need`` tokens of room (SGLang's check: it needs more than that)."""
-        self.refused_need = need
+    def refused(self, need: int, copy: int = 0) -> None:
+        """Admission refused a request needing ``need`` tokens of room (SGLang's check: it needs more than that),
+        besides ``copy``, the room its own prefix copy will need (``copy_room`` of it alone)."""
+        self.refused_need, self.refused_copy = need, copy
 
-    def reopens(self, room: int) -> bool:
-        """After a round that freed pages while admission is closed: whether ``room`` (what SGLang's admission
-        would now see) fits the refused request. Reopening forgets the refusal (the next one records its own)."""
-        if self.refused_need is None or room <= self.refused_need:
+    def reopens(self, room: int, running_copy: int = 0) -> bool:
+        """After a round that made room while admission is closed: whether ``room`` (what SGLang's admission
+        would now see) fits the refused request and the largest pending copy (its own or ``running_copy``, the
+        running requests'). Reopening forgets the refusal (the next one records its own)."""
+        if self.refused_need is None or room <= self.refused_need + max(self.refused_copy, running_copy):
             return False
         self.refused_need = None
         self.reopened += 1

@@ -1,0 +1,73 @@
+"""``Admission``'s room for prefix copies (``copy_room``) and its reopening rule, on the numbers of the pass-key
+load that retracted: prompts of 999 tokens (62 whole pages in the radix tree after prefill), 42 new tokens, h2o at
+160 tokens, page 16. A request admitted at its budget still holds its whole prompt in locked tree pages until its
+copy lands, and a copy needs free pages before it gives any back."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from vtoken_sglang.integration.parts.admission import Admission
+from vtoken_sglang.policies import PolicyConfig, make_policy
+
+PAGE = 16
+PROMPT, NEW = 999, 42
+
+
+def admission(reclaim: bool = True, copies: bool = True, in_tree: bool = True) -> Admission:
+    policy = make_policy("h2o", PolicyConfig(budget=160, sinks=4, recent=16, slack=PAGE))
+    return Admission(policy, reclaim, copies and reclaim, PAGE, in_tree)
+
+
+def req(protected: int, prompt: int = PROMPT, new: int = NEW) -> SimpleNamespace:
+    return SimpleNamespace(
+        kv=SimpleNamespace(cache_protected_len=protected),
+        origin_input_ids=[0] * prompt,
+        sampling_params=SimpleNamespace(max_new_tokens=new),
+    )
+
+
+def test_a_pending_copy_needs_the_pages_of_what_the_request_keeps():
+    adm = admission()
+    keep = 160 + PAGE  # budget + slack: what the copy may take at most
+    assert adm.new_copy_room(PROMPT, 0, NEW) == -(-keep // PAGE) * PAGE == 176
+    # running: one request still locking its whole prompt, two that copied down to a shared first page
+    assert adm.running_copy_room([req(992), req(16), req(16)]) == 176
+    assert adm.running_copy_room([req(16), req(16)]) == 16  # the largest pending copy, not their sum
+    assert adm.running_copy_room([req(0)]) == 0
+
+
+def test_no_copy_room_where_nothing_is_copied():
+    assert admission().new_copy_room(100, 0, 20) == 0  # never over its budget: it never evicts, never copies
+    assert admission(reclaim=False).new_copy_room(PROMPT, 0, NEW) == 0  # Naive-Evict copies nothing
+    assert admission(copies=False).running_copy_room([req(992)]) == 0  # --vtoken-cow off
+    # the radix cache off: only a matched prefix sits in locked tree pages
+    assert admission(in_tree=False).new_copy_room(PROMPT, 0, NEW) == 0
+    assert admission(in_tree=False).new_copy_room(PROMPT, 64, NEW) == 64
+
+
+def test_the_charge_of_a_long_prompt_leaves_its_copy_out_and_the_check_asks_for_it():
+    """What a request is charged for decode is capped by its budget (nothing beyond a prompt over it); the room
+    of its copy is what the check adds. Without it, four such prompts filled a 4096-token pool and none could copy."""
+    adm = admission()
+    assert adm.new_request_kv(PROMPT, NEW) == 0
+    pool, held = 4096, 3 * 63 * PAGE  # three prompts' pages
+    assert PROMPT + adm.new_request_kv(PROMPT, NEW) < pool - held  # the old check admitted a fourth
+    assert PROMPT + adm.new_copy_room(PROMPT, 0, NEW) > pool - held  # the new one does not
+
+
+def test_reopening_asks_for_the_refused_request_and_the_largest_pending_copy():
+    adm = admission()
+    adm.refused(1000, copy=176)
+    assert not adm.reopens(1100)  # fits the request, not its copy
+    assert not adm.reopens(1200, running_copy=256)  # a running request's pending copy is larger
+    assert adm.refused_need == 1000
+    assert adm.reopens(1200, running_copy=16)
+    assert adm.refused_need is None and adm.reopened == 1
+    assert not adm.reopens(10**6)  # nothing refused since
+
+
+def test_ideal_is_unchanged_by_copies():
+    """The benchmarks' ideal counts what a request keeps at its end; a copy's room is transient."""
+    final = np.array([PROMPT + NEW] * 4)
+    assert admission().ideal_running(final, 4096) == admission(copies=False).ideal_running(final, 4096)
