@@ -34,9 +34,10 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs
     """AROUND ``PrefillAdder._check_prefill_budget``: upstream checks a new request's fit with its whole remaining
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
     it keep; the check asks for that same capped amount, plus the room of the largest pending prefix copy (its own
-    or a running or admitted request's: ``Admission.copy_room``), which is checked, not charged; a request that
-    would run alone is checked as upstream checks it (a copy it has no room for leaves it holding its prompt, as
-    Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for ``reopen_after_round``."""
+    or that of a running or admitted request not evicted from yet: ``Admission.copy_room``, ``untrimmed``), which is
+    checked, not charged; a request that would run alone is checked as upstream checks it (a copy it has no room
+    for leaves it holding its prompt, as Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for
+    ``reopen_after_round``."""
     rt = process.current()
     if rt is None or rt.policy is None:
         return original(adder, req, *args, total_tokens=total_tokens, **kwargs)
@@ -49,7 +50,7 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs
         total_tokens -= max_new - adm.new_request_kv(prompt, max_new)
     own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
     others = [*adder.running_batch.reqs, *adder.can_run_list]
-    copy = max(own_copy, adm.running_copy_room(others)) if others else 0  # alone: admitted as upstream would
+    copy = max(own_copy, adm.running_copy_room(untrimmed(rt, others))) if others else 0  # alone: as upstream
     fits, chunk_limit = original(adder, req, *args, total_tokens=total_tokens + copy, **kwargs)
     if not fits:
         adm.refused(total_tokens, own_copy)
@@ -74,8 +75,18 @@ def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
     reserved = rt.admission.running_reservation(
         running_batch.reqs, scheduler.new_token_ratio_tracker.current, CLIP_MAX_NEW_TOKENS
     )
-    if rt.admission.reopens(int(budget.remaining_total) - reserved, rt.admission.running_copy_room(running_batch.reqs)):
+    running_copy = rt.admission.running_copy_room(untrimmed(rt, running_batch.reqs))
+    if rt.admission.reopens(int(budget.remaining_total) - reserved, running_copy):
         running_batch.batch_is_full = False
+
+
+def untrimmed(rt, reqs: list) -> list:
+    """The requests of ``reqs`` not evicted from yet (admitted, or running before their first eviction): a prefix
+    copy is tried at a request's first eviction round, with room admission left for it; a copy that does not pay
+    then (streaming keeps a prompt's tail, which leaves the tree's pages no emptier) is left to later checks, with
+    no room held for it."""
+    compacted = rt.rows.host_compacted
+    return [r for r in reqs if r.kv.req_pool_idx is None or not compacted[r.kv.req_pool_idx]]
 
 
 def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
