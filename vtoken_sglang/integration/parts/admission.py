@@ -102,8 +102,12 @@ class Admission:
     def new_request_kv(self, prompt_len: int, max_new_tokens: int) -> int:
         """What a request about to be admitted reserves for decode: its capped future KV after its prompt (with the
         radix cache on, the prompt's whole pages go to the tree after prefill, and are then protected)."""
-        protected = prompt_len // self.page_size * self.page_size if self.prompt_in_tree else 0
-        return self.future_kv(prompt_len, prompt_len, max_new_tokens, protected)
+        return self.future_kv(prompt_len, prompt_len, max_new_tokens, self.prompt_in_tree_tokens(prompt_len))
+
+    def prompt_in_tree_tokens(self, prompt_len: int) -> int:
+        """Tokens of a prompt the radix cache takes (locked by its request) after prefill: its whole pages, or none
+        when the cache does not take prompts."""
+        return prompt_len // self.page_size * self.page_size if self.prompt_in_tree else 0
 
     def copy_room(self, protected: np.ndarray, final_len: np.ndarray) -> int:
         """Free tokens the largest pending prefix copy needs, for requests holding ``protected`` tokens in locked
@@ -134,7 +138,7 @@ class Admission:
     def new_copy_room(self, prompt_len: int, matched: int, max_new_tokens: int) -> int:
         """``copy_room`` of a request about to be prefilled: the tokens that will sit in locked tree pages after its
         prefill are its prompt's whole pages when the radix cache takes prompts, else the prefix it matched."""
-        protected = prompt_len // self.page_size * self.page_size if self.prompt_in_tree else matched
+        protected = max(self.prompt_in_tree_tokens(prompt_len), matched)
         return self.copy_room(np.array([protected], dtype=np.int64), np.array([prompt_len + max_new_tokens]))
 
     def running_reservation(self, reqs: Sequence, new_token_ratio: float, clip: int) -> int:
