@@ -336,8 +336,8 @@ BAR = 0.38  # bar width in sharegpt_frontier
 
 def sharegpt_frontier(data: dict, out: Path, policy: str = "h2o") -> Path:
     """Top: per policy, most running (Naive-Evict and vToken bars, vToken's ideal as a tick, plain SGLang as a line)
-    and the pages a running request retains. Bottom: ``policy`` and plain SGLang over their decode steps: running
-    requests, and pages in use with the live tokens (in pages) dashed."""
+    and the pages a running request retains. Bottom: ``policy`` (both modes) and plain SGLang over the decode steps:
+    running requests, and pages in use with the live tokens (in pages) dashed."""
     fig, axes = plt.subplots(2, 2, figsize=(12.0, 8.0))
     policies = ordered(r["policy"] for r in data["runs"] if r["mode"] == "vtoken")
     xs = range(len(policies))

@@ -34,8 +34,8 @@ class StepSeries:
     def summary(self, page: int) -> dict[str, float | int | None]:
         """``mean_held_pages`` (pages in use, averaged over the steps), ``pages_per_request`` (pages in use over
         running requests, averaged over the steps: what a request retains), ``utilisation`` (live tokens over the
-        KV slots in use, summed over the steps; None without vToken lines). ``tracked_pages`` is not a measure of
-        use: with reclaim off vToken tracks only some of a row's pages. and ``steps``."""
+        KV slots in use, summed over the steps; None without vToken lines) and ``steps``. ``tracked_pages`` is no
+        measure of use: with reclaim off vToken tracks only some of a row's pages."""
         busy = [i for i, n in enumerate(self.running) if n > 0]
         if not busy:
             return {"steps": 0, "mean_held_pages": None, "pages_per_request": None, "utilisation": None}

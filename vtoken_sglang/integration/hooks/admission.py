@@ -57,15 +57,21 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs
     return fits, chunk_limit
 
 
+def closed_on_refusal(scheduler, running_batch) -> bool:
+    """Whether SGLang's admission is shut by a refusal vToken recorded (``batch_is_full``) while requests wait:
+    the only state in which a round's room is worth reading (``reopen_after_round``)."""
+    rt = process.current()
+    return bool(running_batch.batch_is_full and scheduler.waiting_queue and rt.admission.refused_need is not None)
+
+
 def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
-    """After an eviction round: SGLang shuts admission after a refusal (``batch_is_full``) until a request
+    """After an eviction round, admission being ``closed_on_refusal``: SGLang keeps it shut until a request
     leaves; a round that made room (free or evictable tokens grew) reopens it when the room admission would now
     see (its own prefill budget: free and evictable tokens, less what the running requests reserve) fits the
     refused request and the largest pending prefix copy."""
-    rt = process.current()
-    closed = running_batch.batch_is_full and scheduler.waiting_queue
-    if not (freed and closed and rt.admission.refused_need is not None):
+    if not freed:
         return
+    rt = process.current()
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
     budget = scheduler.token_to_kv_pool_allocator.create_prefill_budget(

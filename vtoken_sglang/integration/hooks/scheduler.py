@@ -96,9 +96,10 @@ def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **
     rt = process.current()
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
-    room = _room(scheduler, rt)
+    closed = running_batch is not None and admission.closed_on_refusal(scheduler, running_batch)
+    room = _room(scheduler, rt) if closed else 0  # read only when it could reopen admission
     rt.after_decode(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
-    if running_batch is not None:
+    if closed:
         admission.reopen_after_round(scheduler, running_batch, freed=_room(scheduler, rt) > room)
     return None
 
