@@ -4,6 +4,7 @@ Built once per scheduler (``hooks.scheduler.build_runtime``), it owns one object
 - ``table`` (``core.token_table``) over SGLang's ``req_to_token``; ``pool`` (``page_bridge``): page accounting over
   SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
 - ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
+- ``eviction`` (``eviction``): the round's victims, for the requests over budget + slack (with a policy);
 - ``windows`` (``windows``): sliding layers' decode windows by logical position, per forward;
 - ``scores`` (``score_link``): attention scores into the policy's state (score policies only);
 - ``cow`` (``prefix_cow``): copy-on-write of radix-tree prefix pages (radix cache and ``--vtoken-cow`` on);
@@ -18,9 +19,9 @@ batch that just decoded, one call per step in the order they happen:
 1. release what is due (``plans.begin_round``): relocation sources whose grace step has come are freed (after a
    wait on their copy's fence); a compaction worker's plan that arrived is applied;
 2. fold scores (``scores.observe_decode``): a scored step's attention goes into the policy's state;
-3. evict: requests over budget + slack become managed if they were not, and their victims are evicted (dropped
-   from their rows in the Token Table; pages left without a live token are freed at once: that alone is
-   Naive-Evict);
+3. evict (``eviction.run``): requests over budget + slack become managed if they were not, and their victims are
+   evicted (dropped from their rows in the Token Table; pages left without a live token are freed at once: that
+   alone is Naive-Evict);
 4. copy on write (``cow.step``) of tree-prefix pages: in a round that made some request managed (its first
    eviction, of its prompt's tokens: on a long-prompt, short-answer load the only round it may have), every
    ``COW_EVERY`` trimming rounds, and at the next one after a check that left a copy for lack of free pages;
@@ -51,11 +52,11 @@ from vtoken_sglang.core.copy_engine import make_copy_engine
 from vtoken_sglang.core.reclaimer import Reclaimer
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.debug_switches import SWITCHES
-from vtoken_sglang.integration.observe import victim_log
-from vtoken_sglang.integration.observe.host_reads import HOST_READS, host_array
+from vtoken_sglang.integration.observe.host_reads import HOST_READS
 from vtoken_sglang.integration.observe.integrity_watch import IntegrityWatch
 from vtoken_sglang.integration.observe.stats import RuntimeStats
 from vtoken_sglang.integration.parts.admission import Admission, server_policy
+from vtoken_sglang.integration.parts.eviction import Eviction
 from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
 from vtoken_sglang.integration.parts.plan_source import SNAPSHOT_EVERY, InlinePlans, WorkerPlans
 from vtoken_sglang.integration.parts.prefix_cow import PrefixCow
@@ -69,7 +70,6 @@ from vtoken_sglang.scoring import ScoreCollector
 # plan can compact a row's sparse pages and free more, so reclaim under pressure can always start
 RELOCATION_RESERVE = 2
 COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
-_NONE = np.empty(0, dtype=np.int64)
 
 
 def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
@@ -123,6 +123,7 @@ class VTokenRuntime:
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
         self.windows = SlidingWindows(self.table)
+        self.eviction = Eviction(self.table, self.rows, self.pool, self.policy, self.stats) if self.policy else None
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(
@@ -183,7 +184,7 @@ class VTokenRuntime:
         try:
             self._fold_scores(batch, ending)  # 2.
             managed = self.rows.requests_managed
-            trimmed = self._evict(batch, ending)  # 3.
+            trimmed = self.eviction.run(batch, ending)  # 3.
             if trimmed.size:
                 self._copy_on_write(batch, lock_holders, ending, self.rows.requests_managed != managed)  # 4.
                 self.plans.plan_now()  # 5. reclaim
@@ -214,39 +215,6 @@ class VTokenRuntime:
         self.scores.observe_decode(
             batch, batch.req_pool_indices.to(torch.int64), batch.seq_lens.to(torch.int64), running
         )
-
-    def _evict(self, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
-        """The requests over budget + slack give up their victims. Returns their batch positions. Which are is
-        decided on the host (SGLang's host lengths, the rows' host offsets and due lengths), and only those are
-        looked at one by one: a round that evicts nothing reads nothing from the device and loops over no request;
-        in most rounds no row of the batch is due and nothing is even looked at (``RequestRows.skip_check``)."""
-        if self.rows.skip_check():
-            return _NONE
-        host_rows = host_array(batch.req_pool_indices_cpu)
-        at = self.rows.over_budget(host_rows, host_array(batch.seq_lens_cpu).astype(np.int64), self.policy)
-        if at.size:  # requests that ended (or end with the pending result) are left alone
-            gone = ending()
-            at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in gone for i in at.tolist()]]
-        if not at.size:
-            return at
-        over = [batch.reqs[i] for i in at.tolist()]
-        new = [r for r in over if not self.rows.is_managed(r.kv.req_pool_idx)]
-        if new:
-            self.rows.manage(new)
-        first = [r for r in over if not self.rows.host_compacted[r.kv.req_pool_idx]]
-        if first:
-            self.rows.mark_compacted(first)
-        table = self.table
-        rows = torch.from_numpy(host_rows[at]).to(table.slots.device)
-        vr, vc = self.policy.select_victims(table, rows)
-        if vr.numel():
-            logical = table.logical_at(vr, vc)
-            self.stats.fold("victims", table.row_key[vr], logical)
-            if SWITCHES.victim_log:
-                victim_log.record(over, rows, table.logical_len[rows], vr, logical)
-            self.pool.free(table.evict(vr, vc))
-            self.stats.tokens_evicted += int(vr.numel())
-        return at
 
     def _copy_on_write(
         self, batch, lock_holders: Iterable, ending: Callable[[], Set[int]], first_eviction: bool
