@@ -48,23 +48,37 @@ def test_no_copy_room_where_nothing_is_copied():
 
 def test_the_charge_of_a_long_prompt_leaves_its_copy_out_and_the_check_asks_for_it():
     """What a request is charged for decode is capped by its budget (nothing beyond a prompt over it); the room
-    of its copy is what the check adds. Without it, four such prompts filled a 4096-token pool and none could copy."""
+    of its copy is what the check adds, against the room free now. Without it, four such prompts filled a
+    4096-token pool and none could copy."""
     adm = admission()
     assert adm.new_request_kv(PROMPT, NEW) == 0
-    pool, held = 4096, 3 * 63 * PAGE  # three prompts' pages
-    assert PROMPT + adm.new_request_kv(PROMPT, NEW) < pool - held  # the old check admitted a fourth
-    assert PROMPT + adm.new_copy_room(PROMPT, 0, NEW) > pool - held  # the new one does not
+    pool, held = 4096, 3 * 63 * PAGE  # three prompts admitted in one pass, their prefills counted
+    copy = adm.new_copy_room(PROMPT, 0, NEW)
+    assert PROMPT + adm.new_request_kv(PROMPT, NEW) < pool - held  # the charge alone admitted a fourth
+    assert not adm.copy_fits(pool - held, PROMPT, copy, running=3)  # its prefill and its copy do not fit
+    assert adm.copy_fits(pool - 2 * 63 * PAGE, PROMPT, copy, running=2)  # the third did
+
+
+def test_the_copy_is_checked_against_the_room_free_now_with_the_running_requests_growth():
+    """A copy borrows the room running requests reserve for later growth, not the tokens they add before it is
+    tried (two steps of a token each), and a request that copies nothing is not checked for it."""
+    adm = admission()
+    need = 1008 + 176  # the prompt's whole pages and the copy's
+    assert adm.copy_fits(need + 32, PROMPT, 176, running=16)  # 16 requests, 2 tokens each: 2 pages
+    assert not adm.copy_fits(need + 31, PROMPT, 176, running=16)
+    assert adm.copy_fits(0, PROMPT, 0, running=16)  # no pending copy: upstream's check alone
 
 
 def test_reopening_asks_for_the_refused_request_and_the_largest_pending_copy():
     adm = admission()
-    adm.refused(1000, copy=176)
-    assert not adm.reopens(1100)  # fits the request, not its copy
-    assert not adm.reopens(1200, running_copy=256)  # a running request's pending copy is larger
+    adm.refused(1000, copy=176, extend=PROMPT)
+    assert not adm.reopens(1000, room_now=10**6)  # the room left by reservations does not fit the request
+    assert not adm.reopens(1100, room_now=1100)  # fits the request, not its prefill and its copy
+    assert not adm.reopens(1100, room_now=1200, running_copy=256)  # a running request's pending copy is larger
     assert adm.refused_need == 1000
-    assert adm.reopens(1200, running_copy=16)
+    assert adm.reopens(1100, room_now=1200, running_copy=16)
     assert adm.refused_need is None and adm.reopened == 1
-    assert not adm.reopens(10**6)  # nothing refused since
+    assert not adm.reopens(10**6, room_now=10**6)  # nothing refused since
 
 
 def test_ideal_is_unchanged_by_copies():

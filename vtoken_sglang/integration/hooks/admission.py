@@ -30,17 +30,17 @@ def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_t
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
 
 
-def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs):
+def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_input_len: int, **kwargs):
     """AROUND ``PrefillAdder._check_prefill_budget``: upstream checks a new request's fit with its whole remaining
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
-    it keep; the check asks for that same capped amount, plus the room of the largest pending prefix copy (its own
-    or that of a running or admitted request not evicted from yet: ``Admission.copy_room``, ``untrimmed``), which is
-    checked, not charged; a request that would run alone is checked as upstream checks it (a copy it has no room
-    for leaves it holding its prompt, as Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for
-    ``reopen_after_round``."""
+    it keep; the check asks for that same capped amount. Then the room free now must also hold the request's
+    prefill and the largest pending prefix copy (its own or that of a running or admitted request not evicted from
+    yet: ``Admission.copy_room``, ``untrimmed``, ``copy_fits``), which is checked, not charged; a request that would
+    run alone is checked as upstream checks it (a copy it has no room for leaves it holding its prompt, as
+    Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for ``reopen_after_round``."""
     rt = process.current()
     if rt is None or rt.policy is None:
-        return original(adder, req, *args, total_tokens=total_tokens, **kwargs)
+        return original(adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs)
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
     adm = rt.admission
@@ -51,9 +51,13 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, **kwargs
     own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
     others = [*adder.running_batch.reqs, *adder.can_run_list]
     copy = max(own_copy, adm.running_copy_room(untrimmed(rt, others))) if others else 0  # alone: as upstream
-    fits, chunk_limit = original(adder, req, *args, total_tokens=total_tokens + copy, **kwargs)
+    fits, chunk_limit = original(
+        adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs
+    )
+    if fits and not adm.copy_fits(int(adder.cur_rem_tokens), extend_input_len, copy, len(others)):
+        fits, chunk_limit = False, None
     if not fits:
-        adm.refused(total_tokens, own_copy)
+        adm.refused(total_tokens, own_copy, extend_input_len)
     return fits, chunk_limit
 
 
@@ -68,7 +72,7 @@ def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
     """After an eviction round, admission being ``closed_on_refusal``: SGLang keeps it shut until a request
     leaves; a round that made room (free or evictable tokens grew) reopens it when the room admission would now
     see (its own prefill budget: free and evictable tokens, less what the running requests reserve) fits the
-    refused request and the largest pending prefix copy."""
+    refused request, and the room free now its prefill and the largest pending prefix copy (``Admission.reopens``)."""
     if not freed:
         return
     rt = process.current()
@@ -82,7 +86,8 @@ def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
         running_batch.reqs, scheduler.new_token_ratio_tracker.current, CLIP_MAX_NEW_TOKENS
     )
     running_copy = rt.admission.running_copy_room(untrimmed(rt, running_batch.reqs))
-    if rt.admission.reopens(int(budget.remaining_total) - reserved, running_copy):
+    room_now = int(budget.remaining_current)
+    if rt.admission.reopens(int(budget.remaining_total) - reserved, room_now, running_copy, len(running_batch.reqs)):
         running_batch.batch_is_full = False
 
 

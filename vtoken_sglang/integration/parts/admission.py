@@ -10,7 +10,8 @@ A refused admission shuts SGLang's admission until a request leaves (``ScheduleB
 rounds also make room (a prompt trimmed below what it was charged, pages compacted and freed, tree pages left to
 eviction by a copy), so the refusal's need is kept (``refused``) and, after a round that made room, compared with
 the room admission would now see (``reopens``): admission reopens when the refused request fits, not at every step
-of a full batch. Both checks leave room for the largest pending prefix copy (``copy_room``).
+of a full batch. Both checks also ask the room free now for the largest pending prefix copy (``copy_room``,
+``copy_fits``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from vtoken_sglang.policies import Policy, make_policy
 MIN_SLACK = 16
 """Fewest tokens a request may hold over its budget before a round evicts (``PolicyConfig.slack``): a page, at least
 this many."""
+
+COPY_WAIT_STEPS = 2
+"""Decode steps from a request's admission to the round of its first eviction, where its prefix copy is tried (its
+prefill, then its first decode): the running requests grow meanwhile, a token each per step."""
 
 
 def server_policy(cfg: VTokenConfig, page_size: int) -> Policy | None:
@@ -47,6 +52,7 @@ class Admission:
         self.prompt_in_tree = prompt_in_tree
         self.refused_need: int | None = None  # tokens the last refused request needed; None: none refused since
         self.refused_copy = 0  # the room its own prefix copy needs (``copy_room``)
+        self.refused_extend = 0  # the tokens its prefill takes
         self.reopened = 0  # times a round's freed room reopened a closed admission
 
     @property
@@ -120,8 +126,7 @@ class Admission:
         if not self.prefix_copies or len(protected) == 0:
             return 0
         keep = self.kept_at_end(final_len)
-        largest = int(np.where(final_len > keep, np.minimum(protected, keep), 0).max())
-        return -(-largest // self.page_size) * self.page_size
+        return self.whole_pages(int(np.where(final_len > keep, np.minimum(protected, keep), 0).max()))
 
     def running_copy_room(self, reqs: Sequence) -> int:
         """``copy_room`` of the requests ``reqs`` (SGLang's ``Req``), running or admitted: their locked tree tokens
@@ -140,6 +145,22 @@ class Admission:
         prefill are its prompt's whole pages when the radix cache takes prompts, else the prefix it matched."""
         protected = max(self.prompt_in_tree_tokens(prompt_len), matched)
         return self.copy_room(np.array([protected], dtype=np.int64), np.array([prompt_len + max_new_tokens]))
+
+    def copy_fits(self, room_now: int, extend: int, copy: int, running: int) -> bool:
+        """Whether the room free now (free and evictable tokens, less the prefills of requests admitted in the same
+        pass: SGLang's ``remaining_current``) holds a new request's prefill of ``extend`` tokens, ``copy`` (the largest
+        pending copy's room) and what ``running`` requests add until the copy is tried (``COPY_WAIT_STEPS`` tokens
+        each), in whole pages. A copy is transient: it is made only when its release turns more tree pages
+        evictable than it takes, a step or two after its request's prefill. So it borrows room the running
+        requests reserve for their later growth, and is checked against the room free now, not against what their
+        reservations leave (upstream's check, made first with the request's capped charge)."""
+        if copy == 0:
+            return True
+        return self.whole_pages(extend) + copy + self.whole_pages(running * COPY_WAIT_STEPS) <= room_now
+
+    def whole_pages(self, tokens: int) -> int:
+        """``tokens`` rounded up to whole pages."""
+        return -(-tokens // self.page_size) * self.page_size
 
     def running_reservation(self, reqs: Sequence, new_token_ratio: float, clip: int) -> int:
         """What admission reserves for the future KV of the running requests ``reqs``: per request upstream's
@@ -162,16 +183,20 @@ class Admission:
         protected = column(r.kv.cache_protected_len for r in reqs)
         return int(np.minimum(upstream, self.future_kv_many(current, logical, remaining, protected)).sum())
 
-    def refused(self, need: int, copy: int = 0) -> None:
+    def refused(self, need: int, copy: int = 0, extend: int = 0) -> None:
         """Admission refused a request needing ``need`` tokens of room (SGLang's check: it needs more than that),
-        besides ``copy``, the room its own prefix copy will need (``copy_room`` of it alone)."""
-        self.refused_need, self.refused_copy = need, copy
+        whose prefill takes ``extend`` tokens and whose own prefix copy will need ``copy`` (``copy_room`` of it
+        alone)."""
+        self.refused_need, self.refused_copy, self.refused_extend = need, copy, extend
 
-    def reopens(self, room: int, running_copy: int = 0) -> bool:
-        """After a round that made room while admission is closed: whether ``room`` (what SGLang's admission
-        would now see) fits the refused request and the largest pending copy (its own or ``running_copy``, the
-        running requests'). Reopening forgets the refusal (the next one records its own)."""
-        if self.refused_need is None or room <= self.refused_need + max(self.refused_copy, running_copy):
+    def reopens(self, room: int, room_now: int = 0, running_copy: int = 0, running: int = 0) -> bool:
+        """After a round that made room while admission is closed: whether ``room`` (what SGLang's admission would
+        now see, the running requests' reservations deducted) fits the refused request, and ``room_now`` (free and
+        evictable tokens) its prefill and the largest pending copy, its own or ``running_copy`` (the ``running``
+        requests', ``copy_fits``). Reopening forgets the refusal (the next one records its own)."""
+        if self.refused_need is None or room <= self.refused_need:
+            return False
+        if not self.copy_fits(room_now, self.refused_extend, max(self.refused_copy, running_copy), running):
             return False
         self.refused_need = None
         self.reopened += 1
