@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from vtoken_sglang.core.pages import pages_for
+
 
 @dataclasses.dataclass(frozen=True)
 class PrefixNode:
@@ -84,10 +86,6 @@ class CowPlan:
     @property
     def gain(self) -> int:
         return self.pages_released - self.pages_copied
-
-
-def _pages(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size)
 
 
 def _suffix_start(path: Sequence[int], ok) -> int:
@@ -151,7 +149,7 @@ def plan_cow(
 
     def decide(key: int, cut: int) -> CowDecision:
         tokens = by_key[key].live_from[cut]  # cut < len(path): every caller has something to release
-        return CowDecision(key, cut, tokens, _pages(tokens, page_size))
+        return CowDecision(key, cut, tokens, pages_for(tokens, page_size))
 
     for root in sorted(groups):
         members = groups[root]

@@ -24,6 +24,11 @@ FREE = -1
 TREE = -2
 
 
+def pages_for(tokens: int, page_size: int) -> int:
+    """Whole pages that ``tokens`` tokens take."""
+    return -(-tokens // page_size)
+
+
 def tail_room(last_slot: torch.Tensor, page_size: int) -> torch.Tensor:
     """The tail-page rule, the one place it is written: a request's next token goes to ``last_slot + 1`` while that
     slot is in the same page (``tail_room > 0`` slots left there), else to the first slot of a new page. SGLang's

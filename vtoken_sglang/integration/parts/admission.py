@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vtoken_sglang.config import VTokenConfig
+from vtoken_sglang.core.pages import pages_for
 from vtoken_sglang.integration.observe.host_reads import on_host
 from vtoken_sglang.policies import Policy, make_policy
 
@@ -160,7 +161,7 @@ class Admission:
 
     def whole_pages(self, tokens: int) -> int:
         """``tokens`` rounded up to whole pages."""
-        return -(-tokens // self.page_size) * self.page_size
+        return pages_for(tokens, self.page_size) * self.page_size
 
     def running_reservation(self, reqs: Sequence, new_token_ratio: float, clip: int) -> int:
         """What admission reserves for the future KV of the running requests ``reqs``: per request upstream's
@@ -189,7 +190,7 @@ class Admission:
         alone)."""
         self.refused_need, self.refused_copy, self.refused_extend = need, copy, extend
 
-    def reopens(self, room: int, room_now: int = 0, running_copy: int = 0, running: int = 0) -> bool:
+    def reopens(self, room: int, room_now: int, running_copy: int = 0, running: int = 0) -> bool:
         """After a round that made room while admission is closed: whether ``room`` (what SGLang's admission would
         now see, the running requests' reservations deducted) fits the refused request, and ``room_now`` (free and
         evictable tokens) its prefill and the largest pending copy, its own or ``running_copy`` (the ``running``
