@@ -55,18 +55,17 @@ def test_the_charge_of_a_long_prompt_leaves_its_copy_out_and_the_check_asks_for_
     pool, held = 4096, 3 * 63 * PAGE  # three prompts admitted in one pass, their prefills counted
     copy = adm.new_copy_room(PROMPT, 0, NEW)
     assert PROMPT + adm.new_request_kv(PROMPT, NEW) < pool - held  # the charge alone admitted a fourth
-    assert not adm.copy_fits(pool - held, PROMPT, copy, running=3)  # its prefill and its copy do not fit
-    assert adm.copy_fits(pool - 2 * 63 * PAGE, PROMPT, copy, running=2)  # the third did
+    assert not adm.fits_now(pool - held, PROMPT, copy, running=3)  # its prefill and its copy do not fit
+    assert adm.fits_now(pool - 2 * 63 * PAGE, PROMPT, copy, running=2)  # the third did
 
 
 def test_the_copy_is_checked_against_the_room_free_now_with_the_running_requests_growth():
     """A copy borrows the room running requests reserve for later growth, not the tokens they add before it is
-    tried (two steps of a token each), and a request that copies nothing is not checked for it."""
+    tried (two steps of a token each)."""
     adm = admission()
     need = 1008 + 176  # the prompt's whole pages and the copy's
-    assert adm.copy_fits(need + 32, PROMPT, 176, running=16)  # 16 requests, 2 tokens each: 2 pages
-    assert not adm.copy_fits(need + 31, PROMPT, 176, running=16)
-    assert adm.copy_fits(0, PROMPT, 0, running=16)  # no pending copy: upstream's check alone
+    assert adm.fits_now(need + 32, PROMPT, 176, running=16)  # 16 requests, 2 tokens each: 2 pages
+    assert not adm.fits_now(need + 31, PROMPT, 176, running=16)
 
 
 def test_reopening_asks_for_the_refused_request_and_the_largest_pending_copy():
@@ -85,3 +84,39 @@ def test_ideal_is_unchanged_by_copies():
     """The benchmarks' ideal counts what a request keeps at its end; a copy's room is transient."""
     final = np.array([PROMPT + NEW] * 4)
     assert admission().ideal_running(final, 4096) == admission(copies=False).ideal_running(final, 4096)
+
+
+def test_a_prompt_its_first_round_trims_is_charged_what_it_keeps_and_its_prefill_is_checked_against_the_room_now():
+    """The peer's ShareGPT load (h2o at 160, 128 new tokens): a prompt of 645 tokens, charged whole (661 with
+    its page), was refused against 519 tokens left by the running requests' reservations, while its first round
+    takes it down to 176 and its copy lets its 40 tree pages go. Charged what it keeps, its prefill and copy are
+    asked of the room free now instead."""
+    adm, prompt, new = admission(), 645, 128
+    assert adm.trims_prompt(prompt, new)
+    upstream_total = prompt + new + PAGE  # SGLang's check: extend, max_new, a page of overhead
+    charge = upstream_total - (new - adm.new_request_kv(prompt, new, extend=prompt))
+    assert charge == 176 + PAGE < 519 < prompt + PAGE
+    copy = adm.new_copy_room(prompt, 0, new)
+    need_now = 656 + copy + 48  # its prefill's whole pages, its copy, 20 running requests' two steps
+    assert adm.fits_now(need_now, prompt, copy, running=20)
+    assert not adm.fits_now(need_now - 1, prompt, copy, running=20)
+    # the pass reserves what the request keeps at its end (and its prefill's rounding to whole pages)
+    assert -(-prompt // PAGE) * PAGE + adm.new_request_kv(prompt, new, extend=prompt) == 176 + 11
+
+
+def test_prompts_that_keep_their_pages_are_charged_whole():
+    adm = admission()
+    assert not adm.trims_prompt(150, 128)  # never over what it keeps at its end
+    assert not adm.trims_prompt(180, 128)  # 11 whole pages in the tree, a copy of 11: it does not pay
+    assert adm.trims_prompt(200, 128)  # 12 whole pages in the tree against a copy of 11
+    assert adm.new_request_kv(180, 128, extend=180) == adm.new_request_kv(180, 128) == 0
+    assert not admission(reclaim=False).trims_prompt(PROMPT, NEW)  # Naive-Evict: scattered victims keep pages
+    assert not admission(copies=False).trims_prompt(PROMPT, NEW)  # tree pages stay locked to the request's end
+    assert admission(copies=False, in_tree=False).trims_prompt(PROMPT, NEW)  # private pages, compacted and freed
+
+
+def test_reopening_asks_the_room_now_for_a_transient_prefill_without_copies():
+    adm = admission(in_tree=False)
+    adm.refused(192, copy=0, extend=645, transient=True)
+    assert not adm.reopens(200, room_now=656 + 47, running=20)
+    assert adm.reopens(200, room_now=656 + 48, running=20)

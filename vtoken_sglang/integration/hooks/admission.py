@@ -23,21 +23,24 @@ def cap_running_reservation(original, adder, req):
 
 def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):
     """AROUND ``PrefillAdder._update_prefill_budget``: a new request reserves for decode only what its eviction
-    budget lets it keep beyond the prompt."""
+    budget lets it keep beyond the prompt, and a prompt its first round trims reserves, beyond the pass's prefill,
+    only what it keeps at its end (``Admission.new_request_kv``: negative then)."""
     rt = process.current()
     if rt is not None and rt.policy is not None and max_new_tokens > 0:
-        max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens)
+        max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens, extend_input_len)
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
 
 
 def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_input_len: int, **kwargs):
     """AROUND ``PrefillAdder._check_prefill_budget``: upstream checks a new request's fit with its whole remaining
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
-    it keep; the check asks for that same capped amount. Then the room free now must also hold the request's
-    prefill and the largest pending prefix copy (its own or that of a running or admitted request not evicted from
-    yet: ``Admission.copy_room``, ``untrimmed``, ``copy_fits``), which is checked, not charged; a request that would
-    run alone is checked as upstream checks it (a copy it has no room for leaves it holding its prompt, as
-    Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for ``reopen_after_round``."""
+    it keep (a prompt its first round trims: what it keeps at its end); the check asks for that same amount. Then,
+    where the request's prefill is transient (``Admission.trims_prompt``) or a prefix copy is pending (its own or
+    that of a running or admitted request not evicted from yet: ``Admission.copy_room``, ``untrimmed``), the room
+    free now must hold its prefill and the largest pending copy (``Admission.fits_now``), which is checked, not
+    charged; a request that would run alone is checked without copies (a copy it has no room for leaves it holding
+    its prompt, as Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for
+    ``reopen_after_round``."""
     rt = process.current()
     if rt is None or rt.policy is None:
         return original(adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs)
@@ -46,18 +49,20 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_i
     adm = rt.admission
     prompt = len(req.full_untruncated_fill_ids)
     max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+    transient = max_new > 0 and adm.trims_prompt(prompt, max_new, prompt - extend_input_len)
     if max_new > 0:
-        total_tokens -= max_new - adm.new_request_kv(prompt, max_new)
+        total_tokens -= max_new - adm.new_request_kv(prompt, max_new, extend_input_len)
     own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
     others = [*adder.running_batch.reqs, *adder.can_run_list]
     copy = max(own_copy, adm.running_copy_room(untrimmed(rt, others))) if others else 0  # alone: as upstream
     fits, chunk_limit = original(
         adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs
     )
-    if fits and not adm.copy_fits(int(adder.cur_rem_tokens), extend_input_len, copy, len(others)):
+    room_now = int(adder.cur_rem_tokens)
+    if fits and (copy or transient) and not adm.fits_now(room_now, extend_input_len, copy, len(others)):
         fits, chunk_limit = False, None
     if not fits:
-        adm.refused(total_tokens, own_copy, extend_input_len)
+        adm.refused(total_tokens, own_copy, extend_input_len, transient)
     return fits, chunk_limit
 
 
@@ -72,7 +77,8 @@ def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
     """After an eviction round, admission being ``closed_on_refusal``: SGLang keeps it shut until a request
     leaves; a round that made room (free or evictable tokens grew) reopens it when the room admission would now
     see (its own prefill budget: free and evictable tokens, less what the running requests reserve) fits the
-    refused request, and the room free now its prefill and the largest pending prefix copy (``Admission.reopens``)."""
+    refused request, and the room free now its transient prefill and the largest pending prefix copy
+    (``Admission.reopens``)."""
     if not freed:
         return
     rt = process.current()

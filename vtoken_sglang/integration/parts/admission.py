@@ -4,14 +4,16 @@ closed admission reopens.
 SGLang admits a request when the free pages cover every running request's future KV plus the new one's; with
 eviction, a request's future KV is capped by what its budget lets it keep (this is where the capacity gain comes
 from). The hooks of ``hooks.admission`` ask ``future_kv`` (running requests) and ``new_request_kv`` (the request
-being checked and charged: one rule for both); pressure reclaim before retraction is the reclaimer's.
+being checked and charged: one rule for both); pressure reclaim before retraction is the reclaimer's. What lasts a
+step or two (a prompt its first round trims, a prefix copy) is checked against the room free now (``fits_now``),
+not charged against the running requests' reservations.
 
 A refused admission shuts SGLang's admission until a request leaves (``ScheduleBatch.batch_is_full``). Eviction
 rounds also make room (a prompt trimmed below what it was charged, pages compacted and freed, tree pages left to
 eviction by a copy), so the refusal's need is kept (``refused``) and, after a round that made room, compared with
 the room admission would now see (``reopens``): admission reopens when the refused request fits, not at every step
-of a full batch. Both checks also ask the room free now for the largest pending prefix copy (``copy_room``,
-``copy_fits``).
+of a full batch. Both checks also ask the room free now for a transient prefill and the largest pending prefix copy
+(``trims_prompt``, ``copy_room``, ``fits_now``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Admission:
         self.refused_need: int | None = None  # tokens the last refused request needed; None: none refused since
         self.refused_copy = 0  # the room its own prefix copy needs (``copy_room``)
         self.refused_extend = 0  # the tokens its prefill takes
+        self.refused_transient = False  # its prefill is trimmed by its first round (``trims_prompt``)
         self.reopened = 0  # times a round's freed room reopened a closed admission
 
     @property
@@ -106,10 +109,32 @@ class Admission:
         one = [np.array([v], dtype=np.int64) for v in (current_len, logical_now, remaining_new, protected)]
         return int(self.future_kv_many(*one)[0])
 
-    def new_request_kv(self, prompt_len: int, max_new_tokens: int) -> int:
-        """What a request about to be admitted reserves for decode: its capped future KV after its prompt (with the
-        radix cache on, the prompt's whole pages go to the tree after prefill, and are then protected)."""
+    def new_request_kv(self, prompt_len: int, max_new_tokens: int, extend: int | None = None) -> int:
+        """What a request about to be admitted is charged beyond its prefill of ``extend`` tokens (default: the whole
+        prompt; the rest is a prefix it matched in the tree): its capped future KV after its prompt (with the radix
+        cache on, the prompt's whole pages go to the tree after prefill, and are then protected). A prompt its first
+        round trims (``trims_prompt``) is charged what it keeps at its end in place of its prefill, so this is then
+        negative: its prefill is transient, checked against the room free now (``fits_now``), not against the running
+        requests' reservations."""
+        if extend is not None and self.trims_prompt(prompt_len, max_new_tokens, prompt_len - extend):
+            return int(self.kept_at_end(np.array([prompt_len + max_new_tokens]))[0]) - extend
         return self.future_kv(prompt_len, prompt_len, max_new_tokens, self.prompt_in_tree_tokens(prompt_len))
+
+    def trims_prompt(self, prompt_len: int, max_new_tokens: int, matched: int = 0) -> bool:
+        """Whether a request's first eviction round (its first decode) takes it from its whole prompt down to what it
+        keeps at its end and lets its prompt's pages go: its prompt is over ``kept_at_end``, evicted tokens give
+        their pages back (``capped``), and its prompt's pages are private, or in the tree and released by a copy
+        that pays (more whole pages than the copy takes: ``PrefixCow``). Without copies, tree pages stay locked to
+        the request's end."""
+        if not self.capped:
+            return False
+        keep = int(self.kept_at_end(np.array([prompt_len + max_new_tokens]))[0])
+        if prompt_len <= keep:
+            return False
+        protected = max(self.prompt_in_tree_tokens(prompt_len), matched)
+        if protected == 0:
+            return True
+        return self.prefix_copies and self.whole_pages(protected) > self.whole_pages(min(protected, keep))
 
     def prompt_in_tree_tokens(self, prompt_len: int) -> int:
         """Tokens of a prompt the radix cache takes (locked by its request) after prefill: its whole pages, or none
@@ -147,16 +172,15 @@ class Admission:
         protected = max(self.prompt_in_tree_tokens(prompt_len), matched)
         return self.copy_room(np.array([protected], dtype=np.int64), np.array([prompt_len + max_new_tokens]))
 
-    def copy_fits(self, room_now: int, extend: int, copy: int, running: int) -> bool:
+    def fits_now(self, room_now: int, extend: int, copy: int, running: int) -> bool:
         """Whether the room free now (free and evictable tokens, less the prefills of requests admitted in the same
         pass: SGLang's ``remaining_current``) holds a new request's prefill of ``extend`` tokens, ``copy`` (the largest
-        pending copy's room) and what ``running`` requests add until the copy is tried (``COPY_WAIT_STEPS`` tokens
-        each), in whole pages. A copy is transient: it is made only when its release turns more tree pages
-        evictable than it takes, a step or two after its request's prefill. So it borrows room the running
-        requests reserve for their later growth, and is checked against the room free now, not against what their
-        reservations leave (upstream's check, made first with the request's capped charge)."""
-        if copy == 0:
-            return True
+        pending copy's room) and what ``running`` requests add until its first eviction round (``COPY_WAIT_STEPS``
+        tokens each), in whole pages. Asked where something transient is pending: a prompt its first round trims
+        (charged at what it keeps, ``new_request_kv``) or a prefix copy. Both last a step or two (a copy is made only
+        when its release turns more tree pages evictable than it takes), so they borrow the room the running
+        requests reserve for their later growth: checked against the room free now, not against what their
+        reservations leave (upstream's check, made first with the request's charge)."""
         return self.whole_pages(extend) + copy + self.whole_pages(running * COPY_WAIT_STEPS) <= room_now
 
     def whole_pages(self, tokens: int) -> int:
@@ -184,20 +208,23 @@ class Admission:
         protected = column(r.kv.cache_protected_len for r in reqs)
         return int(np.minimum(upstream, self.future_kv_many(current, logical, remaining, protected)).sum())
 
-    def refused(self, need: int, copy: int = 0, extend: int = 0) -> None:
+    def refused(self, need: int, copy: int = 0, extend: int = 0, transient: bool = False) -> None:
         """Admission refused a request needing ``need`` tokens of room (SGLang's check: it needs more than that),
-        whose prefill takes ``extend`` tokens and whose own prefix copy will need ``copy`` (``copy_room`` of it
-        alone)."""
+        whose prefill takes ``extend`` tokens, whose own prefix copy will need ``copy`` (``copy_room`` of it alone),
+        and whose prefill is ``transient`` (``trims_prompt``)."""
         self.refused_need, self.refused_copy, self.refused_extend = need, copy, extend
+        self.refused_transient = transient
 
     def reopens(self, room: int, room_now: int, running_copy: int = 0, running: int = 0) -> bool:
         """After a round that made room while admission is closed: whether ``room`` (what SGLang's admission would
-        now see, the running requests' reservations deducted) fits the refused request, and ``room_now`` (free and
-        evictable tokens) its prefill and the largest pending copy, its own or ``running_copy`` (the ``running``
-        requests', ``copy_fits``). Reopening forgets the refusal (the next one records its own)."""
+        now see, the running requests' reservations deducted) fits the refused request, and, where its prefill is
+        transient or a copy is pending (its own or ``running_copy``, the ``running`` requests' largest), ``room_now``
+        (free and evictable tokens) its prefill and that copy (``fits_now``). Reopening forgets the refusal (the next
+        one records its own)."""
         if self.refused_need is None or room <= self.refused_need:
             return False
-        if not self.copy_fits(room_now, self.refused_extend, max(self.refused_copy, running_copy), running):
+        copy = max(self.refused_copy, running_copy)
+        if (copy or self.refused_transient) and not self.fits_now(room_now, self.refused_extend, copy, running):
             return False
         self.refused_need = None
         self.reopened += 1
