@@ -4,9 +4,10 @@ remaining length. vToken (reclaim on) routes them through the general path, capp
 run at once; Naive-Evict (reclaim off, scattered victims: nothing is freed) keeps upstream's path. Same victims,
 so the same greedy tokens, and no retraction (the capped reservation holds).
 
-Mixed prompt lengths (ShareGPT's shape): a long prompt is charged whole at admission and trimmed to its budget by
-the first round, so admission, shut by a refusal, must reopen when a round frees room (``Admission.reopens``), or
-the pool stays partly idle while requests wait."""
+Mixed prompt lengths (ShareGPT's shape): a long prompt is charged what it keeps at its end, but it is prefilled
+whole and trimmed to its budget by the first round, so a prefill that does not fit the room free now is refused
+until a round trims the prompts before it; admission, shut by that refusal, must reopen when a round frees room
+(``Admission.reopens``), or the pool stays partly idle while requests wait."""
 
 import re
 
@@ -36,10 +37,10 @@ FLAGS = [
 POOL = 1024
 PROMPTS = [[(7 * i + 13 * j) % 1999 + 1 for j in range(32)] for i in range(12)]
 NEW_TOKENS = 224
-# 24 requests, prompts of 160 and 16 tokens in turn, 64 new tokens each: a long prompt is admitted whole (160) and
-# kept at most at 128 + slack; the ideal is about 9.5 (measured: 10 running; 8 when a refusal shuts admission until
-# requests end)
-MIXED = [[(11 * i + 5 * j) % 1999 + 1 for j in range(16 if i % 2 else 160)] for i in range(24)]
+# 24 requests, prompts of 320 and 16 tokens in turn, 64 new tokens each: a long prompt is prefilled whole (320) and
+# kept at most at 192 + slack, so two long prefills leave no room now for a third, while what the requests keep
+# leaves room for about 7 (measured: 7, after 4 reopenings; Naive-Evict 4)
+MIXED = [[(11 * i + 5 * j) % 1999 + 1 for j in range(16 if i % 2 else 320)] for i in range(24)]
 MIXED_NEW = 64
 
 

@@ -60,12 +60,12 @@ def test_the_charge_of_a_long_prompt_leaves_its_copy_out_and_the_check_asks_for_
 
 
 def test_the_copy_is_checked_against_the_room_free_now_with_the_running_requests_growth():
-    """A copy borrows the room running requests reserve for later growth, not the tokens they add before it is
-    tried (two steps of a token each)."""
+    """A copy borrows the room running requests reserve for later growth, not the pages they open before it is
+    tried (two steps of a token each, each may cross a page boundary)."""
     adm = admission()
     need = 1008 + 176  # the prompt's whole pages and the copy's
-    assert adm.fits_now(need + 32, PROMPT, 176, running=16)  # 16 requests, 2 tokens each: 2 pages
-    assert not adm.fits_now(need + 31, PROMPT, 176, running=16)
+    assert adm.fits_now(need + 16 * PAGE, PROMPT, 176, running=16)  # 16 requests, a page each
+    assert not adm.fits_now(need + 16 * PAGE - 1, PROMPT, 176, running=16)
 
 
 def test_reopening_asks_for_the_refused_request_and_the_largest_pending_copy():
@@ -97,7 +97,7 @@ def test_a_prompt_its_first_round_trims_is_charged_what_it_keeps_and_its_prefill
     charge = upstream_total - (new - adm.new_request_kv(prompt, new, extend=prompt))
     assert charge == 176 + PAGE < 519 < prompt + PAGE
     copy = adm.new_copy_room(prompt, 0, new)
-    need_now = 656 + copy + 48  # its prefill's whole pages, its copy, 20 running requests' two steps
+    need_now = 656 + copy + 20 * PAGE  # its prefill's whole pages, its copy, a new page for each of 20 running
     assert adm.fits_now(need_now, prompt, copy, running=20)
     assert not adm.fits_now(need_now - 1, prompt, copy, running=20)
     # the pass reserves what the request keeps at its end (and its prefill's rounding to whole pages)
@@ -118,5 +118,5 @@ def test_prompts_that_keep_their_pages_are_charged_whole():
 def test_reopening_asks_the_room_now_for_a_transient_prefill_without_copies():
     adm = admission(in_tree=False)
     adm.refused(192, copy=0, extend=645, transient=True)
-    assert not adm.reopens(200, room_now=656 + 47, running=20)
-    assert adm.reopens(200, room_now=656 + 48, running=20)
+    assert not adm.reopens(200, room_now=656 + 20 * PAGE - 1, running=20)
+    assert adm.reopens(200, room_now=656 + 20 * PAGE, running=20)

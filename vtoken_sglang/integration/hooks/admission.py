@@ -59,7 +59,8 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_i
         adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs
     )
     room_now = int(adder.cur_rem_tokens)
-    if fits and (copy or transient) and not adm.fits_now(room_now, extend_input_len, copy, len(others)):
+    running = len(adder.running_batch.reqs)  # those admitted in this pass have their page charged by upstream
+    if fits and (copy or transient) and not adm.fits_now(room_now, extend_input_len, copy, running):
         fits, chunk_limit = False, None
     if not fits:
         adm.refused(total_tokens, own_copy, extend_input_len, transient)

@@ -31,9 +31,10 @@ MIN_SLACK = 16
 """Fewest tokens a request may hold over its budget before a round evicts (``PolicyConfig.slack``): a page, at least
 this many."""
 
-COPY_WAIT_STEPS = 2
-"""Decode steps from a request's admission to the round of its first eviction, where its prefix copy is tried (its
-prefill, then its first decode): the running requests grow meanwhile, a token each per step."""
+FIRST_ROUND_STEPS = 2
+"""Steps from a request's admission to the round of its first eviction, which trims its prompt and tries its prefix
+copy (its prefill, then its first decode): meanwhile each running request adds a token per decode step, and may
+open a new page for it."""
 
 
 def server_policy(cfg: VTokenConfig, page_size: int) -> Policy | None:
@@ -175,13 +176,14 @@ class Admission:
     def fits_now(self, room_now: int, extend: int, copy: int, running: int) -> bool:
         """Whether the room free now (free and evictable tokens, less the prefills of requests admitted in the same
         pass: SGLang's ``remaining_current``) holds a new request's prefill of ``extend`` tokens, ``copy`` (the largest
-        pending copy's room) and what ``running`` requests add until its first eviction round (``COPY_WAIT_STEPS``
-        tokens each), in whole pages. Asked where something transient is pending: a prompt its first round trims
-        (charged at what it keeps, ``new_request_kv``) or a prefix copy. Both last a step or two (a copy is made only
+        pending copy's room) and a new page for each of the ``running`` requests (until the request's first eviction
+        round, each adds ``FIRST_ROUND_STEPS`` tokens, which open a page at a page boundary), in whole pages. Asked
+        where something transient is pending: a prompt its first round trims (charged at what it keeps,
+        ``new_request_kv``) or a prefix copy. Both last a step or two (a copy is made only
         when its release turns more tree pages evictable than it takes), so they borrow the room the running
         requests reserve for their later growth: checked against the room free now, not against what their
         reservations leave (upstream's check, made first with the request's charge)."""
-        return self.whole_pages(extend) + copy + self.whole_pages(running * COPY_WAIT_STEPS) <= room_now
+        return self.whole_pages(extend) + copy + running * self.whole_pages(FIRST_ROUND_STEPS) <= room_now
 
     def whole_pages(self, tokens: int) -> int:
         """``tokens`` rounded up to whole pages."""
