@@ -28,6 +28,7 @@ import os
 import sys
 import types
 
+import numpy as np
 import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available(), "run with TRITON_INTERPRET=1 on CPU"
@@ -37,8 +38,8 @@ from sglang.kernels.ops.memory.common import get_last_loc_triton, get_last_loc_t
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
 
+from vtoken_sglang.core.row_layout import RowLayout  # noqa: E402
 from vtoken_sglang.integration import process  # noqa: E402
-from vtoken_sglang.integration.parts.windows import SlidingWindows  # noqa: E402
 from vtoken_sglang.tools.kv_engine import KVEngine, stamp  # noqa: E402
 
 WINDOW = 7  # a sliding window's suffix (kv_start_idx), shorter than most rows
@@ -138,7 +139,7 @@ def main() -> int:
         name: flashinfer_updater(translator, len(rows), fast)
         for name, fast in (("flashinfer_window_plan", False), ("flashinfer_window_fast_plan", True))
     }
-    runtime = types.SimpleNamespace(rows=types.SimpleNamespace(n_managed=len(rows)), windows=SlidingWindows(table))
+    runtime = types.SimpleNamespace(forward_layout=None)
     unhooked_differs = 0  # steps where upstream's window (the row's last entries) is not the logical one
 
     def fail(name: str, step: int) -> int:
@@ -178,7 +179,8 @@ def main() -> int:
         )
         for name, (updater, wrappers) in updaters.items():
             process.install(runtime=runtime)
-            runtime.windows.begin(decoding=True)
+            zeros = np.zeros(len(rows), dtype=np.int64)  # the hook reads the table's offsets, not the layout's
+            runtime.forward_layout = RowLayout(table, rows.numpy(), lens.numpy(), zeros, None, True, True)
             window_keys, full_keys = flashinfer_keys(updater, wrappers, translator, slots, rows, lens, eng)
             if not (torch.equal(window_keys, want_logical) and torch.equal(full_keys, want_all)):
                 return fail(name, step)

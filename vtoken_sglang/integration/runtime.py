@@ -5,7 +5,8 @@ Built once per scheduler (``hooks.scheduler.build_runtime``), it owns one object
   SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
 - ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
 - ``eviction`` (``eviction``): the round's victims, for the requests over budget + slack (with a policy);
-- ``windows`` (``windows``): sliding layers' decode windows by logical position, per forward;
+- ``forward_layout`` (``core.row_layout``): the forward's rows, live and logical lengths and sliding windows, read by
+  the forward's hooks (positions, M-RoPE, the backends' windows); built by ``hooks.forward.begin_forward``;
 - ``scores`` (``score_link``): attention scores into the policy's state (score policies only);
 - ``cow`` (``prefix_cow``): copy-on-write of radix-tree prefix pages (radix cache and ``--vtoken-cow`` on);
 - ``plans`` (``plan_source``): the inline planner, or the compaction worker's plans;
@@ -50,9 +51,10 @@ import torch
 from vtoken_sglang.config import VTokenConfig
 from vtoken_sglang.core.copy_engine import make_copy_engine
 from vtoken_sglang.core.reclaimer import Reclaimer
+from vtoken_sglang.core.row_layout import RowLayout
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.debug_switches import SWITCHES
-from vtoken_sglang.integration.observe.host_reads import HOST_READS
+from vtoken_sglang.integration.observe.host_reads import HOST_READS, host_array
 from vtoken_sglang.integration.observe.integrity_watch import IntegrityWatch
 from vtoken_sglang.integration.observe.stats import RuntimeStats
 from vtoken_sglang.integration.parts.admission import Admission, server_policy
@@ -63,7 +65,6 @@ from vtoken_sglang.integration.parts.prefix_cow import PrefixCow
 from vtoken_sglang.integration.parts.request_rows import RequestRows
 from vtoken_sglang.integration.parts.score_link import ScoreLink, make_scorer
 from vtoken_sglang.integration.parts.tp_group import TpGroup
-from vtoken_sglang.integration.parts.windows import SlidingWindows
 from vtoken_sglang.scoring import ScoreCollector
 
 # pages vToken holds back from SGLang's allocator for relocation destinations (reclaim on): with one free page a
@@ -122,7 +123,7 @@ class VTokenRuntime:
         )
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
-        self.windows = SlidingWindows(self.table)
+        self.forward_layout: RowLayout | None = None  # the forward being run's (``hooks.forward.begin_forward``)
         self.eviction = Eviction(self.table, self.rows, self.pool, self.policy, self.stats) if self.policy else None
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
@@ -184,11 +185,12 @@ class VTokenRuntime:
         try:
             self._fold_scores(batch, ending)  # 2.
             managed = self.rows.requests_managed
-            trimmed = self.eviction.run(batch, ending)  # 3.
+            layout = self.rows.layout(host_array(batch.req_pool_indices_cpu), host_array(batch.seq_lens_cpu))
+            trimmed = self.eviction.run(batch, layout, ending)  # 3.
             if trimmed.size:
                 self._copy_on_write(batch, lock_holders, ending, self.rows.requests_managed != managed)  # 4.
                 self.plans.plan_now()  # 5. reclaim
-                self.rows.write_lengths(batch, trimmed)  # 6.
+                self.rows.write_lengths(batch, layout, trimmed)  # 6.
                 self._watch()  # 7.
         finally:
             self.plans.end_step()

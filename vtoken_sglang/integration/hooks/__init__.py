@@ -31,7 +31,7 @@ HOOKS = {
     f"{_BATCH}.new_tokens_required_next_decode": ("AROUND", allocation.count_decode_pages),
     f"{_BATCH}.prepare_for_decode": ("AROUND", allocation.register_decode_slots),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", allocation.release_request),
-    f"{_FORWARD_BATCH}.init_new": ("AFTER", forward.begin_forward),
+    f"{_FORWARD_BATCH}.init_new": ("AROUND", forward.begin_forward),
     f"{_FORWARD_BATCH}._compute_mrope_positions_decode": ("AROUND", forward.mrope_decode_positions),
     f"{_ATTN}.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode": (
         "AROUND",

@@ -19,15 +19,16 @@ def _needs_page(last_slot: torch.Tensor, page_size: int) -> torch.Tensor:
 def alloc_decode_slots(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs):
     """AROUND ``PagedTokenToKVPoolAllocator.alloc_decode``: one slot per request by the tail-page rule. Same
     contract as upstream: None when out of pages. Inside ``prepare_for_decode`` the rule is taken on the host
-    mirrors (``RequestRows.needs_page``: no device read), elsewhere on ``last_loc``."""
+    mirrors of the batch's rows (its layout, ``RequestRows.preparing``; ``RequestRows.needs_page``: no device read),
+    elsewhere on ``last_loc``."""
     rt = process.current()
     if args or kwargs or rt is None or rt.rows.n_managed == 0:  # every row dense: upstream's rule holds
         return original(allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs)
     P = allocator.page_size
     out = (last_loc + 1).to(torch.int64)
-    rows = _PREPARING.get("rows")
-    if rows is not None and len(rows) == len(seq_lens_cpu):
-        at = np.flatnonzero(rt.rows.needs_page(rows, host_array(seq_lens_cpu) - 1))
+    preparing = rt.rows.preparing
+    if preparing is not None and len(preparing.host_rows) == len(seq_lens_cpu):
+        at = np.flatnonzero(rt.rows.needs_page(preparing.host_rows, host_array(seq_lens_cpu) - 1))
         if len(at) == 0:
             return out
         slots = allocator.alloc(len(at) * P)
@@ -72,19 +73,17 @@ def release_request(original, req, tree_cache, *args, **kwargs):
     return original(req, tree_cache, *args, **kwargs)
 
 
-_PREPARING: dict = {}  # "rows": host row ids of the batch ``prepare_for_decode`` is preparing (for alloc_decode_slots)
-
-
 def register_decode_slots(original, batch, *args, **kwargs):
-    """AROUND ``ScheduleBatch.prepare_for_decode``: its slot allocation sees the batch's host rows; afterwards the
-    new slot of every managed request is registered."""
+    """AROUND ``ScheduleBatch.prepare_for_decode``: its slot allocation sees the batch's layout
+    (``RequestRows.preparing``); afterwards the new slot of every managed request is registered."""
     rt = process.current()
     if rt is None or not batch.spec_algorithm.is_none():
         return original(batch, *args, **kwargs)
-    _PREPARING["rows"] = host_array(batch.req_pool_indices_cpu) if rt.rows.n_managed else None
+    layout = rt.rows.layout(host_array(batch.req_pool_indices_cpu), host_array(batch.seq_lens_cpu))
+    rt.rows.preparing = layout if layout.any_managed else None
     try:
         result = original(batch, *args, **kwargs)
     finally:
-        _PREPARING.clear()
-    rt.rows.sync_decode(batch)
+        rt.rows.preparing = None
+    rt.rows.sync_decode(layout)
     return result

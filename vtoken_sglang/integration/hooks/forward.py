@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from vtoken_sglang.core.row_layout import RowLayout
 from vtoken_sglang.debug_switches import SWITCHES
 from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.host_reads import host_array, uncounted
@@ -16,14 +17,18 @@ from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
 logger = logging.getLogger("vtoken_sglang")
 
 
-def begin_forward(ret, cls, batch, *args, **kwargs):
-    """AFTER ``ForwardBatch.init_new``: decode positions are logical positions (RoPE), not live counts; score
-    policies and sliding windows learn what the forward is. With ``DebugSwitches.check_positions`` each decode
-    batch's positions are checked against SGLang's own request bookkeeping (prompt length + generated tokens - 1,
-    counting results the overlap scheduler has not processed yet), independently of the Token Table."""
+def begin_forward(original, cls, batch, *args, **kwargs):
+    """AROUND ``ForwardBatch.init_new``: the forward's ``RowLayout`` is built first, for the hooks that read it
+    inside ``init_new`` (M-RoPE) and during the forward (sliding windows); then decode positions are made logical
+    positions (RoPE), not live counts, and score policies learn what the forward is. With
+    ``DebugSwitches.check_positions`` each decode batch's positions are checked against SGLang's own request
+    bookkeeping (prompt length + generated tokens - 1, counting results the overlap scheduler has not processed
+    yet), independently of the Token Table."""
     rt = process.current()
     if rt is None:
-        return ret
+        return original(cls, batch, *args, **kwargs)
+    rt.forward_layout = layout = forward_layout(rt, batch)
+    ret = original(cls, batch, *args, **kwargs)
     if rt.scores is not None:
         scorer = rt.scores.scorer
         if ret.forward_mode.is_extend() and scorer.prefill_window > 0:
@@ -37,31 +42,43 @@ def begin_forward(ret, cls, batch, *args, **kwargs):
             )
         else:
             scorer.begin_forward(ret.forward_mode.is_decode())
-    rt.windows.begin(ret.forward_mode.is_decode())
     if ret.forward_mode.is_decode() and ret.positions is not None:
-        if rt.rows.n_managed:  # unmanaged rows have offset 0
-            ret.positions = ret.positions + rt.rows.position_offset(ret.req_pool_indices).to(ret.positions.dtype)
+        if layout is not None and layout.any_managed:  # unmanaged rows have offset 0
+            ret.positions = layout.logical(ret.positions)
         if SWITCHES.check_positions:
             with uncounted():
                 _check_positions(rt, batch, ret.positions)
     return ret
 
 
+def forward_layout(rt, batch) -> RowLayout | None:
+    """The ``RowLayout`` of the forward of ``batch`` (SGLang's ``ScheduleBatch``); None for a forward without rows
+    (idle). A decode batch with managed rows always has SGLang's host rows and lengths."""
+    decoding = batch.forward_mode.is_decode()
+    if batch.req_pool_indices_cpu is None or batch.seq_lens_cpu is None:
+        if decoding and rt.rows.n_managed:
+            raise RuntimeError("vToken: a decode batch without SGLang's host rows and lengths (its *_cpu tensors)")
+        return None
+    return rt.rows.layout(
+        host_array(batch.req_pool_indices_cpu), host_array(batch.seq_lens_cpu), batch.req_pool_indices, decoding
+    )
+
+
 def mrope_decode_positions(original, forward_batch, model_runner, batch) -> None:
     """AROUND ``ForwardBatch._compute_mrope_positions_decode``: M-RoPE decode positions from each request's
     logical length. Upstream derives them from the live lengths (``seq_lens - 1``, plus the request's
     ``mrope_position_delta`` with an image, or a model's precomputed positions indexed by length); this runs it on the
-    logical lengths (device: the rows' offsets; host: their mirror, no device read) and restores the live ones.
+    logical lengths (the forward's ``RowLayout``: device and host, no device read) and restores the live ones.
     Swapping the lengths before upstream's branches, not offsetting its result, keeps its choice between them right:
     a compacted row's live length may fall inside a prompt whose positions a model precomputed."""
     rt = process.current()
-    if rt is None or rt.rows.n_managed == 0:
+    layout = rt.forward_layout if rt is not None else None
+    if layout is None or not layout.any_managed:
         return original(forward_batch, model_runner, batch)
     live, live_cpu = forward_batch.seq_lens, forward_batch.seq_lens_cpu
-    host_offset = rt.rows.host_offset[host_array(batch.req_pool_indices_cpu)]
     try:
-        forward_batch.seq_lens = live + rt.rows.position_offset(forward_batch.req_pool_indices).to(live.dtype)
-        forward_batch.seq_lens_cpu = live_cpu + torch.from_numpy(host_offset).to(live_cpu.dtype)
+        forward_batch.seq_lens = layout.logical(live)
+        forward_batch.seq_lens_cpu = live_cpu + torch.from_numpy(layout.host_offset[: len(live_cpu)]).to(live_cpu.dtype)
         return original(forward_batch, model_runner, batch)
     finally:
         forward_batch.seq_lens, forward_batch.seq_lens_cpu = live, live_cpu

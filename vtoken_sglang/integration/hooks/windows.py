@@ -1,10 +1,23 @@
-"""Hooks on the backends' sliding windows: a sliding layer's decode window is taken by logical position
-(``parts.windows``), not as the last ``window`` entries of a compacted row, which would reach logically older
-tokens. Each hook takes upstream's path while no row is managed (every row dense: upstream's window is right)."""
+"""Hooks on the backends' sliding windows: a sliding layer's decode window is taken by logical position (the
+forward's ``RowLayout.window``), not as the last ``window`` entries of a compacted row, which would reach logically
+older tokens. Each hook takes upstream's path while no row is managed (every row dense: upstream's window is right).
+
+Each backend keeps its own span (how many logical positions a query sees, itself included), so a row that never
+evicted gets exactly upstream's window: torch_native and FlashInfer ``sliding_window_size + 1``, Triton's decode
+``sliding_window_size`` (upstream's Triton decode window is one key shorter than its extend's and FlashInfer's)."""
 
 from __future__ import annotations
 
+from vtoken_sglang.core.row_layout import RowLayout
 from vtoken_sglang.integration import process
+
+
+def decode_layout() -> RowLayout | None:
+    """The layout of the decode forward being run when some row of it is managed, else None (upstream's window is
+    right: extend rows are dense, a request being compacted only after its prefill)."""
+    rt = process.current()
+    layout = rt.forward_layout if rt is not None else None
+    return layout if layout is not None and layout.any_managed and layout.decoding else None
 
 
 def torch_native_decode_window(original, backend, *args, sliding_window_size=None, **kwargs):
@@ -12,14 +25,14 @@ def torch_native_decode_window(original, backend, *args, sliding_window_size=Non
     ``sliding_window_size`` + 1 positions, the query's own included: upstream's mask), each request attends to its
     row's suffix ``[start, start + w)``, through upstream's own per-request column offset (``encoder_lens`` with
     ``is_cross_attn`` False) and no mask: one query sees every key of its suffix."""
-    rt = process.current()
-    if rt is None or rt.rows.n_managed == 0 or sliding_window_size is None or sliding_window_size < 0:
+    layout = decode_layout()
+    if layout is None or sliding_window_size is None or sliding_window_size < 0:
         return original(backend, *args, sliding_window_size=sliding_window_size, **kwargs)
     head, (req_pool_indices, seq_lens), rest = args[:5], args[5:7], args[7:]
     encoder_lens = rest[0] if rest else kwargs.pop("encoder_lens", None)
     if encoder_lens is not None or kwargs.get("is_cross_attn") or len(rest) > 1:
         raise RuntimeError("vToken: a sliding decode layer with encoder lengths (cross-attention) is not supported")
-    w, start = rt.windows.suffix(req_pool_indices, seq_lens, sliding_window_size + 1)
+    w, start = layout.window(req_pool_indices, seq_lens, sliding_window_size + 1)
     return original(backend, *head, req_pool_indices, w, start, **{**kwargs, "is_cross_attn": False})
 
 
@@ -47,12 +60,12 @@ def triton_decode_window(
     are ``w`` (at most the window: a captured graph's index buffer holds them) and the gather starts at ``start``.
     Upstream's body runs with ``w`` as the lengths (its clamp then changes nothing) and a translator whose gather
     starts at ``start``; its returned starts are replaced by ours."""
-    rt = process.current()
-    if rt is None or rt.rows.n_managed == 0 or not rt.windows.decoding:
+    layout = decode_layout()
+    if layout is None:
         return original(
             window_kv_indptr, translator, plan, req_pool_indices, sliding_window_size, seq_lens, *args, **kwargs
         )
-    w, start = rt.windows.suffix(req_pool_indices, seq_lens, sliding_window_size)
+    w, start = layout.window(req_pool_indices, seq_lens, sliding_window_size)
     indptr, indices, lens, _ = original(
         window_kv_indptr, _FromStart(translator, start), plan, req_pool_indices, sliding_window_size, w, *args, **kwargs
     )
@@ -73,19 +86,13 @@ def flashinfer_decode_window(
     reads the device indptr itself, exact (FlashInfer's eager plan always does; under CUDA graphs this is the one
     device-to-host read a sliding model adds per decode step). ``lens_sum``, upstream's sum of the clamped lengths,
     bounds the indices an eager plan allocates."""
-    rt = process.current()
-    if (
-        rt is None
-        or rt.rows.n_managed == 0
-        or not rt.windows.decoding
-        or kv_start_idx is None
-        or updater.sliding_window_size is None
-    ):
+    layout = decode_layout()
+    if layout is None or kv_start_idx is None or updater.sliding_window_size is None:
         return original(
             updater, wrapper, lens, lens_sum, kv_indptr, kv_start_idx, spec_info, *args,
             req_pool_indices=req_pool_indices, **kwargs,
         )  # fmt: skip
-    w, start = rt.windows.suffix(req_pool_indices, lens + kv_start_idx, updater.sliding_window_size + 1)
+    w, start = layout.window(req_pool_indices, lens + kv_start_idx, updater.sliding_window_size + 1)
     if args:
         args = (None, *args[1:])
     else:

@@ -17,10 +17,10 @@ from collections.abc import Callable, Set
 import numpy as np
 import torch
 
+from vtoken_sglang.core.row_layout import RowLayout
 from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.debug_switches import SWITCHES
 from vtoken_sglang.integration.observe import victim_log
-from vtoken_sglang.integration.observe.host_reads import host_array
 from vtoken_sglang.integration.observe.stats import RuntimeStats
 from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
 from vtoken_sglang.integration.parts.request_rows import RequestRows
@@ -37,14 +37,15 @@ class Eviction:
         self.policy = policy
         self.stats = stats
 
-    def run(self, batch, ending: Callable[[], Set[int]]) -> np.ndarray:
-        """Evict from the requests of ``batch`` over budget + slack; ``ending()``: ids of the requests the pending
-        result ends. Returns the batch positions of the requests evicted from (int64, possibly empty)."""
+    def run(self, batch, layout: RowLayout, ending: Callable[[], Set[int]]) -> np.ndarray:
+        """Evict from the requests of ``batch`` (its rows: ``layout``) over budget + slack; ``ending()``: ids of the
+        requests the pending result ends. Returns the batch positions of the requests evicted from (int64,
+        possibly empty)."""
         rows = self.rows
         if rows.skip_check():
             return NONE_DUE
-        host_rows = host_array(batch.req_pool_indices_cpu)
-        at = rows.over_budget(host_rows, host_array(batch.seq_lens_cpu).astype(np.int64), self.policy)
+        host_rows = layout.host_rows
+        at = rows.over_budget(host_rows, layout.host_live, self.policy)
         if at.size:
             gone = ending()
             at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in gone for i in at.tolist()]]

@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import tail_room
+from vtoken_sglang.core.row_layout import RowLayout
 from vtoken_sglang.core.token_table import TokenTable
-from vtoken_sglang.integration.observe.host_reads import host_array, on_host
+from vtoken_sglang.integration.observe.host_reads import on_host
 from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
 
 DUE_HORIZON = 64  # decode steps ahead a row's budget is evaluated at each check (one check per trim in most loads)
@@ -59,6 +60,7 @@ class RequestRows:
         self.quiet_rounds = 0  # rounds from now in which no batch row is due (``skip_check``)
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
+        self.preparing: RowLayout | None = None  # the batch ``prepare_for_decode`` is preparing, with managed rows
 
     def device_bytes(self) -> int:
         """Device bytes of the per-row position offsets (the host mirrors are host memory)."""
@@ -66,6 +68,24 @@ class RequestRows:
 
     def is_managed(self, row: int) -> bool:
         return self.n_managed > 0 and bool(self.host_active[row])
+
+    def layout(
+        self, host_rows: np.ndarray, host_live: np.ndarray, device_rows: torch.Tensor | None = None, decoding=False
+    ) -> RowLayout:
+        """The ``RowLayout`` of a batch whose entries are the rows ``host_rows`` with live lengths ``host_live``
+        (host arrays: SGLang's ``req_pool_indices_cpu`` and ``seq_lens_cpu``). ``device_rows``: the same rows on
+        the device, for a forward's readers of device offsets (gathered there: no host-to-device copy)."""
+        host_rows = host_rows.astype(np.int64, copy=False)
+        host_live = host_live.astype(np.int64, copy=False)
+        managed = self.n_managed > 0
+        host_offset = self.host_offset[host_rows] if managed else np.zeros(len(host_rows), dtype=np.int64)
+        if device_rows is None:
+            offset = None
+        elif managed:
+            offset = self.offset[device_rows.to(torch.int64)]
+        else:
+            offset = torch.zeros(len(device_rows), dtype=torch.int64, device=self.offset.device)
+        return RowLayout(self.table, host_rows, host_live, host_offset, offset, managed, decoding)
 
     def needs_page(self, rows: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
         """Whether each row's next decode token starts a new page (the tail-page rule, on the host mirrors).
@@ -80,7 +100,7 @@ class RequestRows:
         Only rows whose logical length reached their due length are checked, each ``DUE_HORIZON`` decode steps
         ahead at once: a decode step adds one token to both its live and logical lengths, so the step at which a
         row first runs over is known now, and the row is due then (or after the horizon, if it stays under)."""
-        logical = live + self.host_offset[host_rows]
+        logical = live + self.host_offset[host_rows]  # the layout's (``RowLayout.host_logical``)
         due = np.flatnonzero(logical >= self.host_due[host_rows])
         if not due.size:
             return due
@@ -163,12 +183,13 @@ class RequestRows:
         self.pool.free(pages)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = keep
 
-    def sync_decode(self, batch) -> None:
-        """``prepare_for_decode`` wrote one new slot per managed request at column ``seq_len``: the Token Table
-        registers it when it is next read (``TokenTable.defer_decode_tokens``); the host mirrors now."""
-        if self.n_managed == 0:
+    def sync_decode(self, layout: RowLayout) -> None:
+        """``prepare_for_decode`` wrote one new slot per managed request of its batch (``layout``) at column
+        ``seq_len``: the Token Table registers it when it is next read (``TokenTable.defer_decode_tokens``); the host
+        mirrors now."""
+        if not layout.any_managed:
             return
-        host_rows = host_array(batch.req_pool_indices_cpu)
+        host_rows = layout.host_rows
         managed = self.host_active[host_rows]
         n = int(managed.sum())
         if n == 0:
@@ -177,11 +198,12 @@ class RequestRows:
         self.host_tail_pos[mine] = (self.host_tail_pos[mine] + 1) % self.page_size
         self.table.defer_decode_tokens(mine)  # registered when the table is next read
 
-    def write_lengths(self, batch, at: np.ndarray) -> None:
-        """The requests at batch positions ``at`` (managed) were trimmed: write their live lengths from the Token
-        Table into the batch and into them (their rows already hold the live slots), and their position offsets.
-        The batch's length tensors are replaced, not written in place (a forward in flight may still read them)."""
-        host_rows = host_array(batch.req_pool_indices_cpu)[at]
+    def write_lengths(self, batch, layout: RowLayout, at: np.ndarray) -> None:
+        """The requests at batch positions ``at`` (managed) of ``batch`` (its layout before the round: ``layout``)
+        were trimmed: write their live lengths from the Token Table into the batch and into them (their rows
+        already hold the live slots), and their position offsets. The batch's length tensors are replaced, not
+        written in place (a forward in flight may still read them)."""
+        host_rows = layout.host_rows[at]
         dev = self.req_to_token.device
         rows = torch.from_numpy(host_rows).to(dev)
         live = self.table.live_len[rows]
@@ -200,7 +222,3 @@ class RequestRows:
         self.host_offset[host_rows] = host[1]
         for i, n in zip(at.tolist(), host[0].tolist()):
             batch.reqs[i].kv.kv_committed_len = batch.reqs[i].kv.kv_allocated_len = n
-
-    def position_offset(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
-        """Logical position minus live position per row (0 for unmanaged rows)."""
-        return self.offset[req_pool_indices.to(torch.int64)]
