@@ -39,7 +39,7 @@ from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator  # noqa: 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
 
 from vtoken_sglang.core.row_layout import RowLayout  # noqa: E402
-from vtoken_sglang.integration import process  # noqa: E402
+from vtoken_sglang.integration.process import SchedulerProcess, bind  # noqa: E402
 from vtoken_sglang.tools.kv_engine import KVEngine, stamp  # noqa: E402
 
 WINDOW = 7  # a sliding window's suffix (kv_start_idx), shorter than most rows
@@ -123,7 +123,8 @@ def main() -> int:
     from vtoken_sglang.integration.hooks import HOOKS
 
     target = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterDecode.call_begin_forward"
-    HookRegistry.register(target, HOOKS[target][1], HookType.AROUND)
+    vt = SchedulerProcess()  # the slot the hook is bound to, as the plugin binds it to its process's
+    HookRegistry.register(target, bind(HOOKS[target][1], vt), HookType.AROUND)
     HookRegistry.apply_hooks()
     g = torch.Generator().manual_seed(0)
     eng = KVEngine(num_pages=96, page_size=4, rows=8, max_context=256, reserve=4, fence_delay=4, fence_seed=3)
@@ -178,14 +179,14 @@ def main() -> int:
             torch.tensor([i for ids in logical_window for i in ids]),
         )
         for name, (updater, wrappers) in updaters.items():
-            process.install(runtime=runtime)
+            vt.runtime = runtime
             zeros = np.zeros(len(rows), dtype=np.int64)  # the hook reads the table's offsets, not the layout's
             runtime.forward_layout = RowLayout(table, rows.numpy(), lens.numpy(), zeros, None, True, True)
             window_keys, full_keys = flashinfer_keys(updater, wrappers, translator, slots, rows, lens, eng)
             if not (torch.equal(window_keys, want_logical) and torch.equal(full_keys, want_all)):
                 return fail(name, step)
             checked[name] += len(rows)
-            process._PROCESS.runtime = None  # upstream's path: the row's last SPAN entries
+            vt.runtime = None  # upstream's path: the row's last SPAN entries
             window_keys, full_keys = flashinfer_keys(updater, wrappers, translator, slots, rows, lens, eng)
             unhooked_differs += not torch.equal(window_keys, want_logical)
     eng.reclaimer.release_ready(force=True)

@@ -88,16 +88,18 @@ def _inflight_engine_kwargs() -> dict:
 
 
 def _register(hooks: dict[str, tuple[str, Callable]]) -> None:
-    """Register with SGLang's hook registry; serving hooks are timed (``hook_timer``) and, in that debug mode, have
-    their device-to-host reads counted (``host_reads``); option hooks are neither."""
+    """Register with SGLang's hook registry; serving hooks are bound to this process's slot (``process.bind``),
+    timed (``hook_timer``) and, in that debug mode, have their device-to-host reads counted (``host_reads``);
+    option hooks are none of these."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from vtoken_sglang.integration.observe.hook_timer import TIMER
     from vtoken_sglang.integration.observe.host_reads import HOST_READS
+    from vtoken_sglang.integration.process import PROCESS, bind
 
     for target, (kind, fn) in hooks.items():
         if target not in OPTION_HOOKS:
-            fn = TIMER.timed(kind, HOST_READS.counted(kind, fn))
+            fn = TIMER.timed(kind, HOST_READS.counted(kind, bind(fn, PROCESS)))
         HookRegistry.register(target, fn, HookType[kind])
 
 

@@ -1,10 +1,18 @@
-"""This scheduler process's vToken objects, and the one way hooks reach them: ``current()`` (the runtime) and
-``current_scorer()`` (the score collector, built before the model, whose attention hook fills it while SGLang
-captures CUDA graphs, and before the runtime). One scheduler per process; in processes that are not vToken
-schedulers both stay None and hooks take upstream's path."""
+"""A scheduler process's vToken slot, and how hooks are given it.
+
+``SchedulerProcess`` holds what one scheduler process serves with: its score collector (built before the model,
+whose attention hook fills it while SGLang captures CUDA graphs) and its runtime (built with the scheduler). SGLang
+applies registered hooks once, when plugins load, before any scheduler exists, so a hook cannot be handed its
+runtime then: it is handed, as its first argument, the slot its runtime is put in (``bind``), and reads
+``vt.runtime``. That is None before the scheduler is built and in processes that are not vToken schedulers; hooks
+then take upstream's path. One scheduler per process: the serving hooks are bound to ``PROCESS``
+(``plugin._register``); a test may bind them to a slot of its own.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,29 +20,19 @@ if TYPE_CHECKING:
     from vtoken_sglang.scoring import ScoreCollector
 
 
-class _Process:
-    """What one scheduler process holds: its score collector (built before the model) and its runtime."""
+class SchedulerProcess:
+    """What one scheduler process serves with: its score collector and its runtime (None until built)."""
 
-    scorer: ScoreCollector | None = None
-    runtime: VTokenRuntime | None = None
-
-
-_PROCESS = _Process()
+    def __init__(self) -> None:
+        self.scorer: ScoreCollector | None = None
+        self.runtime: VTokenRuntime | None = None
 
 
-def current() -> VTokenRuntime | None:
-    """This process's runtime: None before its scheduler is built."""
-    return _PROCESS.runtime
+PROCESS = SchedulerProcess()
+"""This process's slot: the serving hooks are bound to it when they are registered."""
 
 
-def current_scorer() -> ScoreCollector | None:
-    """This process's score collector (score policies), from before the model is built on."""
-    return _PROCESS.scorer
-
-
-def install(scorer: ScoreCollector | None = None, runtime: VTokenRuntime | None = None) -> None:
-    """Set what ``current_scorer`` and ``current`` return (the scheduler's init hook, in two steps)."""
-    if scorer is not None:
-        _PROCESS.scorer = scorer
-    if runtime is not None:
-        _PROCESS.runtime = runtime
+def bind(hook: Callable, vt: SchedulerProcess) -> Callable:
+    """``hook`` with ``vt`` as its first argument, named as ``hook`` (the hook timer and the host-read counter key
+    their figures by name)."""
+    return functools.update_wrapper(functools.partial(hook, vt), hook)

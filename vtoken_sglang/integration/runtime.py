@@ -36,8 +36,8 @@ batch that just decoded, one call per step in the order they happen:
 Steps 4-7 (but the last fold) run only in a round that evicted from some request. Requests whose queued result ends
 them by length (the overlap scheduler's, ``_ending``) are left alone: the results would have finished them.
 
-Hooks reach it through ``process.current()``; ``hooks.scheduler`` builds it over a scheduler; its metrics are
-``observe.runtime_metrics``.
+Hooks read it in the slot they are bound to (``process.SchedulerProcess``); ``hooks.scheduler`` builds it over a
+scheduler; its metrics are ``observe.runtime_metrics``.
 """
 
 from __future__ import annotations

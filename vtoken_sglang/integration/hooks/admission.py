@@ -4,14 +4,14 @@ and reclaim before retracting."""
 
 from __future__ import annotations
 
-from vtoken_sglang.integration import process
+from vtoken_sglang.integration.process import SchedulerProcess
 
 
-def cap_running_reservation(original, adder, req):
+def cap_running_reservation(vt: SchedulerProcess, original, adder, req):
     """AROUND ``PrefillAdder._get_running_request_total_token_offset``: a running request's future KV is capped
     by its eviction budget."""
     upstream = original(adder, req)
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or rt.policy is None:
         return upstream
     remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
@@ -21,17 +21,21 @@ def cap_running_reservation(original, adder, req):
     )
 
 
-def cap_new_reservation(original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs):
+def cap_new_reservation(
+    vt: SchedulerProcess, original, adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs
+):
     """AROUND ``PrefillAdder._update_prefill_budget``: a new request reserves for decode only what its eviction
     budget lets it keep beyond the prompt, and a prompt its first round trims reserves, beyond the pass's prefill,
     only what it keeps at its end (``Admission.new_request_kv``: negative then)."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is not None and rt.policy is not None and max_new_tokens > 0:
         max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens, extend_input_len)
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
 
 
-def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_input_len: int, **kwargs):
+def check_new_by_budget(
+    vt: SchedulerProcess, original, adder, req, *args, total_tokens: int, extend_input_len: int, **kwargs
+):
     """AROUND ``PrefillAdder._check_prefill_budget``: upstream checks a new request's fit with its whole remaining
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
     it keep (a prompt its first round trims: what it keeps at its end); the check asks for that same amount. Then,
@@ -41,7 +45,7 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_i
     charged; a request that would run alone is checked without copies (a copy it has no room for leaves it holding
     its prompt, as Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for
     ``reopen_after_round``."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or rt.policy is None:
         return original(adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs)
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
@@ -67,14 +71,13 @@ def check_new_by_budget(original, adder, req, *args, total_tokens: int, extend_i
     return fits, chunk_limit
 
 
-def closed_on_refusal(scheduler, running_batch) -> bool:
+def closed_on_refusal(rt, scheduler, running_batch) -> bool:
     """Whether SGLang's admission is shut by a refusal vToken recorded (``batch_is_full``) while requests wait:
     the only state in which a round's room is worth reading (``reopen_after_round``)."""
-    rt = process.current()
     return bool(running_batch.batch_is_full and scheduler.waiting_queue and rt.admission.refused_need is not None)
 
 
-def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
+def reopen_after_round(rt, scheduler, running_batch, freed: bool) -> None:
     """After an eviction round, admission being ``closed_on_refusal``: SGLang keeps it shut until a request
     leaves; a round that made room (free or evictable tokens grew) reopens it when the room admission would now
     see (its own prefill budget: free and evictable tokens, less what the running requests reserve) fits the
@@ -82,7 +85,6 @@ def reopen_after_round(scheduler, running_batch, freed: bool) -> None:
     (``Admission.reopens``)."""
     if not freed:
         return
-    rt = process.current()
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
     budget = scheduler.token_to_kv_pool_allocator.create_prefill_budget(
@@ -107,7 +109,7 @@ def untrimmed(rt, reqs: list) -> list:
     return [r for r in reqs if r.kv.req_pool_idx is None or not compacted[r.kv.req_pool_idx]]
 
 
-def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
+def admit_ignore_eos_by_budget(vt: SchedulerProcess, original, adder, req, *args, **kwargs):
     """AROUND ``PrefillAdder.add_one_req``: with the radix cache off, upstream admits an ``ignore_eos`` request
     through ``add_one_req_ignore_eos``, whose check has every request grow by its whole remaining length and never
     asks ``_get_running_request_total_token_offset``. Where eviction budgets do give memory back, such a request
@@ -116,7 +118,7 @@ def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
     ``ignore_eos`` is hidden for this call only: on the general path upstream reads the flag of running requests
     (their offsets), never that of the request being admitted."""
     sp = req.sampling_params
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or not sp.ignore_eos or not rt.admission.capped:
         return original(adder, req, *args, **kwargs)
     sp.ignore_eos = False
@@ -126,22 +128,22 @@ def admit_ignore_eos_by_budget(original, adder, req, *args, **kwargs):
         sp.ignore_eos = True
 
 
-def reclaim_before_retract(original, batch, *args, **kwargs):
+def reclaim_before_retract(vt: SchedulerProcess, original, batch, *args, **kwargs):
     """AROUND ``ScheduleBatch.check_decode_mem``: before SGLang retracts, reclaim (regardless of theta)."""
     ok = original(batch, *args, **kwargs)
-    rt = process.current()
+    rt = vt.runtime
     if ok or rt is None or rt.reclaim_under_pressure() == 0:
         return ok
     return original(batch, *args, **kwargs)
 
 
-def leave_scored_window_to_extend(original, req, input_len):
+def leave_scored_window_to_extend(vt: SchedulerProcess, original, req, input_len):
     """AROUND ``Req._compute_max_prefix_len`` (policies scored at prefill): a prompt is scored by the attention of
     its last ``--vtoken-window`` queries, which only its own prefill computes (a cached prefix has no queries). The
     radix cache's match leaves at least those tokens to extend, so a request scores the same window whether it ran
     alone or another request had cached the rest of its prompt."""
     limit = original(req, input_len)
-    scorer = process.current_scorer()
+    scorer = vt.scorer
     if scorer is None or scorer.prefill_window <= 0:
         return limit
     return max(min(limit, input_len - scorer.prefill_window), 0)

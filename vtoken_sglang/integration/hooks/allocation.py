@@ -8,20 +8,20 @@ import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import tail_room
-from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.host_reads import host_array
+from vtoken_sglang.integration.process import SchedulerProcess
 
 
 def _needs_page(last_slot: torch.Tensor, page_size: int) -> torch.Tensor:
     return tail_room(last_slot.to(torch.int64), page_size) == 0
 
 
-def alloc_decode_slots(original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs):
+def alloc_decode_slots(vt: SchedulerProcess, original, allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs):
     """AROUND ``PagedTokenToKVPoolAllocator.alloc_decode``: one slot per request by the tail-page rule. Same
     contract as upstream: None when out of pages. Inside ``prepare_for_decode`` the rule is taken on the host
     mirrors of the batch's rows (its layout, ``RequestRows.preparing``; ``RequestRows.needs_page``: no device read),
     elsewhere on ``last_loc``."""
-    rt = process.current()
+    rt = vt.runtime
     if args or kwargs or rt is None or rt.rows.n_managed == 0:  # every row dense: upstream's rule holds
         return original(allocator, seq_lens, seq_lens_cpu, last_loc, *args, **kwargs)
     P = allocator.page_size
@@ -46,10 +46,10 @@ def alloc_decode_slots(original, allocator, seq_lens, seq_lens_cpu, last_loc, *a
     return out
 
 
-def count_decode_pages(original, batch, selected_indices=None):
+def count_decode_pages(vt: SchedulerProcess, original, batch, selected_indices=None):
     """AROUND ``ScheduleBatch.new_tokens_required_next_decode``: count new pages by the tail-page rule (on the host
     mirrors)."""
-    rt = process.current()
+    rt = vt.runtime
     if not batch.spec_algorithm.is_none() or rt is None or rt.rows.n_managed == 0:
         return original(batch, selected_indices)
     reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
@@ -63,9 +63,9 @@ def count_decode_pages(original, batch, selected_indices=None):
     return int(rt.rows.needs_page(rows, lens).sum()) * P + schedule_batch.num_beam_member_rows(reqs)
 
 
-def release_request(original, req, tree_cache, *args, **kwargs):
+def release_request(vt: SchedulerProcess, original, req, tree_cache, *args, **kwargs):
     """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is not None and req.kv.req_pool_idx is not None:
         rt.rows.forget(req.kv.req_pool_idx)
         if rt.rows.is_managed(req.kv.req_pool_idx):
@@ -73,10 +73,10 @@ def release_request(original, req, tree_cache, *args, **kwargs):
     return original(req, tree_cache, *args, **kwargs)
 
 
-def register_decode_slots(original, batch, *args, **kwargs):
+def register_decode_slots(vt: SchedulerProcess, original, batch, *args, **kwargs):
     """AROUND ``ScheduleBatch.prepare_for_decode``: its slot allocation sees the batch's layout
     (``RequestRows.preparing``); afterwards the new slot of every managed request is registered."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or not batch.spec_algorithm.is_none():
         return original(batch, *args, **kwargs)
     layout = rt.rows.layout(host_array(batch.req_pool_indices_cpu), host_array(batch.seq_lens_cpu))

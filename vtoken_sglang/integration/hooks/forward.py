@@ -9,22 +9,22 @@ import torch
 
 from vtoken_sglang.core.row_layout import RowLayout
 from vtoken_sglang.debug_switches import SWITCHES
-from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.host_reads import host_array, uncounted
 from vtoken_sglang.integration.parts.score_link import batch_key
+from vtoken_sglang.integration.process import SchedulerProcess
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
 
 logger = logging.getLogger("vtoken_sglang")
 
 
-def begin_forward(original, cls, batch, *args, **kwargs):
+def begin_forward(vt: SchedulerProcess, original, cls, batch, *args, **kwargs):
     """AROUND ``ForwardBatch.init_new``: the forward's ``RowLayout`` is built first, for the hooks that read it
     inside ``init_new`` (M-RoPE) and during the forward (sliding windows); then decode positions are made logical
     positions (RoPE), not live counts, and score policies learn what the forward is. With
     ``DebugSwitches.check_positions`` each decode batch's positions are checked against SGLang's own request
     bookkeeping (prompt length + generated tokens - 1, counting results the overlap scheduler has not processed
     yet), independently of the Token Table."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None:
         return original(cls, batch, *args, **kwargs)
     rt.forward_layout = layout = forward_layout(rt, batch)
@@ -64,14 +64,14 @@ def forward_layout(rt, batch) -> RowLayout | None:
     )
 
 
-def mrope_decode_positions(original, forward_batch, model_runner, batch) -> None:
+def mrope_decode_positions(vt: SchedulerProcess, original, forward_batch, model_runner, batch) -> None:
     """AROUND ``ForwardBatch._compute_mrope_positions_decode``: M-RoPE decode positions from each request's
     logical length. Upstream derives them from the live lengths (``seq_lens - 1``, plus the request's
     ``mrope_position_delta`` with an image, or a model's precomputed positions indexed by length); this runs it on the
     logical lengths (the forward's ``RowLayout``: device and host, no device read) and restores the live ones.
     Swapping the lengths before upstream's branches, not offsetting its result, keeps its choice between them right:
     a compacted row's live length may fall inside a prompt whose positions a model precomputed."""
-    rt = process.current()
+    rt = vt.runtime
     layout = rt.forward_layout if rt is not None else None
     if layout is None or not layout.any_managed:
         return original(forward_batch, model_runner, batch)
@@ -96,13 +96,13 @@ def _check_positions(rt, batch, positions: torch.Tensor) -> None:
         logger.error("[vtoken] decode positions %s differ from logical positions %s", got, expected)
 
 
-def keep_scored_query(result, layer, q, k, v, forward_batch, *args, **kwargs):
+def keep_scored_query(vt: SchedulerProcess, result, layer, q, k, v, forward_batch, *args, **kwargs):
     """AFTER ``RadixAttention.forward`` (registered only for score-based policies): a scored layer keeps its query.
     Decode forwards write it into the collector's static buffers with tensor ops only, the same ops whether the
     forward runs eagerly or is captured into a CUDA graph (whose replays then refill the buffers without this
     hook); a scored prefill copies out its window's rows. The keys are in the KV pool now; scores are computed
     after the forward."""
-    scorer = process.current_scorer()
+    scorer = vt.scorer
     if scorer is not None and layer.layer_id in scorer.layers:
         scorer.keep_query(
             layer.layer_id,

@@ -9,21 +9,21 @@ import os
 import torch
 
 from vtoken_sglang.debug_switches import SWITCHES
-from vtoken_sglang.integration import process
 from vtoken_sglang.integration.observe.hook_timer import TIMER
 from vtoken_sglang.integration.observe.host_reads import HOST_READS
 from vtoken_sglang.integration.observe.metrics_export import PrometheusExporter, log_line
 from vtoken_sglang.integration.observe.runtime_metrics import metrics
+from vtoken_sglang.integration.process import SchedulerProcess
 
 logger = logging.getLogger("vtoken_sglang")
 
 
-def settle_at_idle(original, scheduler, *args, **kwargs):
+def settle_at_idle(vt: SchedulerProcess, original, scheduler, *args, **kwargs):
     """AROUND ``Scheduler.on_idle``. Before it, when the scheduler is fully idle: free the relocation sources still
     pending (SGLang's idle leak check runs inside). After it: log this rank's metrics once per burst of work (TP
     ranks are compared by it), bring the Prometheus series to their idle values, let the compaction worker's client
     check its health, write the score dump, and (fully idle) run the integrity check."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None:
         return original(scheduler, *args, **kwargs)
     fully_idle = scheduler.is_fully_idle()  # on_idle itself neither admits nor runs anything
@@ -54,11 +54,11 @@ def _after_idle(rt, fully_idle: bool) -> None:
         rt.integrity.at_idle()
 
 
-def log_decode_metrics(result, reporter, *args, **kwargs) -> None:
+def log_decode_metrics(vt: SchedulerProcess, result, reporter, *args, **kwargs) -> None:
     """AFTER ``SchedulerMetricsReporter.report_decode_stats``: at the same cadence as SGLang's periodic decode
     log line (``--decode-log-interval``), a ``[vtoken]`` line beside it on the logging rank (with a policy that
     evicts), and the Prometheus series when metrics are enabled for this scheduler."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or reporter.forward_ct_decode % reporter.decode_log_interval != 0:
         return
     if not (reporter.is_stats_logging_rank or reporter.current_scheduler_metrics_enabled):
@@ -74,10 +74,10 @@ def log_decode_metrics(result, reporter, *args, **kwargs) -> None:
         rt.exporter.update(m)
 
 
-def add_server_info(result, scheduler, *args, **kwargs):
+def add_server_info(vt: SchedulerProcess, result, scheduler, *args, **kwargs):
     """AFTER ``Scheduler.get_internal_state``: vToken's metrics under ``"vtoken"`` (``/get_server_info`` shows
     them in ``internal_states``), with ``hook_ms`` per hook (not in the log lines: one entry per hook)."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is not None and isinstance(getattr(result, "internal_state", None), dict):
         result.internal_state["vtoken"] = {
             **metrics(rt),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 
 from vtoken_sglang.config import VTokenConfig
-from vtoken_sglang.integration import process
 from vtoken_sglang.integration.hooks import admission
 from vtoken_sglang.integration.parts.score_link import make_scorer
 from vtoken_sglang.integration.parts.tp_group import TpGroup
+from vtoken_sglang.integration.process import SchedulerProcess
 from vtoken_sglang.integration.runtime import VTokenRuntime
 from vtoken_sglang.integration.startup import model_support, options
 from vtoken_sglang.scoring import ScoreCollector
@@ -17,7 +17,7 @@ from vtoken_sglang.scoring import ScoreCollector
 logger = logging.getLogger("vtoken_sglang")
 
 
-def build_runtime(original, scheduler, server_args, *args, **kwargs) -> None:
+def build_runtime(vt: SchedulerProcess, original, scheduler, server_args, *args, **kwargs) -> None:
     """AROUND ``Scheduler.__init__``: first refuse an unsupported model with one line, before any weight is
     loaded (and, while SGLang builds the model, an unsupported layer: ``refuse_unsupported_layer``); then build the
     score collector (score policies: SGLang's CUDA graph capture runs the attention hook), let SGLang build the
@@ -31,11 +31,11 @@ def build_runtime(original, scheduler, server_args, *args, **kwargs) -> None:
         model_support.refuse(reason)
     model_support.SERVING.update(model=model_support.model_name(model_config))
     scorer = make_scorer(options.current_config(server_args), model_config.num_attention_layers, server_args.device)
-    process.install(scorer=scorer)
+    vt.scorer = scorer
     original(scheduler, server_args, *args, **kwargs)
     cfg = options.current_config(scheduler.server_args)
     rt = runtime_over(scheduler, cfg, scorer)
-    process.install(runtime=rt)
+    vt.runtime = rt
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
     logger.info(
         "[vtoken] device memory: %.3f MB of metadata beside a KV pool of %.3f GB (%.3f%%)",
@@ -75,7 +75,7 @@ def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None) ->
     )
 
 
-def refuse_unsupported_layer(result, layer, *args, **kwargs) -> None:
+def refuse_unsupported_layer(vt: SchedulerProcess, result, layer, *args, **kwargs) -> None:
     """AFTER ``RadixAttention.__init__``: while SGLang builds the model, before its weights load, a layer vToken
     cannot serve stops the scheduler with one line."""
     reason = model_support.unsupported_layer(layer)
@@ -83,7 +83,7 @@ def refuse_unsupported_layer(result, layer, *args, **kwargs) -> None:
         model_support.refuse(reason)
 
 
-def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **kwargs) -> None:
+def run_eviction_round(vt: SchedulerProcess, scheduler, running_batch=None, last_batch=None, *args, **kwargs) -> None:
     """BEFORE ``Scheduler.get_next_batch_to_run``: the eviction round (``VTokenRuntime.after_decode``) of the
     decode step that ran last, after its forward and before the next batch is admitted and prepared; the same point
     with and without SGLang's overlap scheduler. Without overlap, that step's results are processed by now. With
@@ -93,14 +93,14 @@ def run_eviction_round(scheduler, running_batch=None, last_batch=None, *args, **
     reads only the Token Table, the batch's rows and lengths, and the tree locks, none of which a pending result
     changes. Then admission, shut by a refusal, reopens if the round made room for the refused request
     (``admission.reopen_after_round``)."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or last_batch is None or not last_batch.forward_mode.is_decode() or last_batch.is_empty():
         return None
-    closed = running_batch is not None and admission.closed_on_refusal(scheduler, running_batch)
+    closed = running_batch is not None and admission.closed_on_refusal(rt, scheduler, running_batch)
     room = _room(scheduler, rt) if closed else 0  # read only when it could reopen admission
     rt.after_decode(last_batch, [scheduler.chunked_req] if scheduler.chunked_req is not None else [])
     if closed:
-        admission.reopen_after_round(scheduler, running_batch, freed=_room(scheduler, rt) > room)
+        admission.reopen_after_round(rt, scheduler, running_batch, freed=_room(scheduler, rt) > room)
     return None
 
 
@@ -110,12 +110,12 @@ def _room(scheduler, rt) -> int:
     return rt.allocator.available_size() + scheduler.tree_cache.evictable_size()
 
 
-def recheck_after_prefill(result, scheduler, batch, *args, **kwargs) -> None:
+def recheck_after_prefill(vt: SchedulerProcess, result, scheduler, batch, *args, **kwargs) -> None:
     """AFTER ``Scheduler.process_batch_result``: after a batch that is not a decode step (a prefill, mixed or
     prebuilt batch: its requests join the decode batch), the next eviction round checks every row; after a prefill
     scored with a window (snapkv), rank the prompts (its window waited for its results, which the overlap scheduler
     processes after the next forward)."""
-    rt = process.current()
+    rt = vt.runtime
     if rt is None or batch is None or batch.forward_mode.is_decode():
         return
     rt.rows.recheck()

@@ -9,23 +9,23 @@ evicted gets exactly upstream's window: torch_native and FlashInfer ``sliding_wi
 from __future__ import annotations
 
 from vtoken_sglang.core.row_layout import RowLayout
-from vtoken_sglang.integration import process
+from vtoken_sglang.integration.process import SchedulerProcess
 
 
-def decode_layout() -> RowLayout | None:
+def decode_layout(vt: SchedulerProcess) -> RowLayout | None:
     """The layout of the decode forward being run when some row of it is managed, else None (upstream's window is
     right: extend rows are dense, a request being compacted only after its prefill)."""
-    rt = process.current()
+    rt = vt.runtime
     layout = rt.forward_layout if rt is not None else None
     return layout if layout is not None and layout.any_managed and layout.decoding else None
 
 
-def torch_native_decode_window(original, backend, *args, sliding_window_size=None, **kwargs):
+def torch_native_decode_window(vt: SchedulerProcess, original, backend, *args, sliding_window_size=None, **kwargs):
     """AROUND ``TorchNativeAttnBackend._run_sdpa_forward_decode``: for a sliding layer (a window of
     ``sliding_window_size`` + 1 positions, the query's own included: upstream's mask), each request attends to its
     row's suffix ``[start, start + w)``, through upstream's own per-request column offset (``encoder_lens`` with
     ``is_cross_attn`` False) and no mask: one query sees every key of its suffix."""
-    layout = decode_layout()
+    layout = decode_layout(vt)
     if layout is None or sliding_window_size is None or sliding_window_size < 0:
         return original(backend, *args, sliding_window_size=sliding_window_size, **kwargs)
     head, (req_pool_indices, seq_lens), rest = args[:5], args[5:7], args[7:]
@@ -52,7 +52,16 @@ class _FromStart:
 
 
 def triton_decode_window(
-    original, window_kv_indptr, translator, plan, req_pool_indices, sliding_window_size, seq_lens, *args, **kwargs
+    vt: SchedulerProcess,
+    original,
+    window_kv_indptr,
+    translator,
+    plan,
+    req_pool_indices,
+    sliding_window_size,
+    seq_lens,
+    *args,
+    **kwargs,
 ):
     """AROUND ``triton_backend.update_sliding_window_buffer`` (the eager decode path and every CUDA-graph replay's
     metadata step call it): in a decode forward, the window of each request is its row's suffix of ``w`` entries
@@ -60,7 +69,7 @@ def triton_decode_window(
     are ``w`` (at most the window: a captured graph's index buffer holds them) and the gather starts at ``start``.
     Upstream's body runs with ``w`` as the lengths (its clamp then changes nothing) and a translator whose gather
     starts at ``start``; its returned starts are replaced by ours."""
-    layout = decode_layout()
+    layout = decode_layout(vt)
     if layout is None:
         return original(
             window_kv_indptr, translator, plan, req_pool_indices, sliding_window_size, seq_lens, *args, **kwargs
@@ -73,7 +82,18 @@ def triton_decode_window(
 
 
 def flashinfer_decode_window(
-    original, updater, wrapper, lens, lens_sum, kv_indptr, kv_start_idx, spec_info, *args, req_pool_indices, **kwargs
+    vt: SchedulerProcess,
+    original,
+    updater,
+    wrapper,
+    lens,
+    lens_sum,
+    kv_indptr,
+    kv_start_idx,
+    spec_info,
+    *args,
+    req_pool_indices,
+    **kwargs,
 ):
     """AROUND ``FlashInferIndicesUpdaterDecode.call_begin_forward`` (eager decode and every CUDA-graph replay's
     metadata step): the sliding wrapper's plan (the one call given ``kv_start_idx``) takes each request's suffix
@@ -86,7 +106,7 @@ def flashinfer_decode_window(
     reads the device indptr itself, exact (FlashInfer's eager plan always does; under CUDA graphs this is the one
     device-to-host read a sliding model adds per decode step). ``lens_sum``, upstream's sum of the clamped lengths,
     bounds the indices an eager plan allocates."""
-    layout = decode_layout()
+    layout = decode_layout(vt)
     if layout is None or kv_start_idx is None or updater.sliding_window_size is None:
         return original(
             updater, wrapper, lens, lens_sum, kv_indptr, kv_start_idx, spec_info, *args,
