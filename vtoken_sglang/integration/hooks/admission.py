@@ -4,7 +4,12 @@ and reclaim before retracting."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vtoken_sglang.integration.process import SchedulerProcess
+
+if TYPE_CHECKING:
+    from vtoken_sglang.integration.runtime import VTokenRuntime
 
 
 def cap_running_reservation(vt: SchedulerProcess, original, adder, req):
@@ -71,13 +76,13 @@ def check_new_by_budget(
     return fits, chunk_limit
 
 
-def closed_on_refusal(rt, scheduler, running_batch) -> bool:
+def closed_on_refusal(rt: VTokenRuntime, scheduler, running_batch) -> bool:
     """Whether SGLang's admission is shut by a refusal vToken recorded (``batch_is_full``) while requests wait:
     the only state in which a round's room is worth reading (``reopen_after_round``)."""
     return bool(running_batch.batch_is_full and scheduler.waiting_queue and rt.admission.refused_need is not None)
 
 
-def reopen_after_round(rt, scheduler, running_batch, freed: bool) -> None:
+def reopen_after_round(rt: VTokenRuntime, scheduler, running_batch, freed: bool) -> None:
     """After an eviction round, admission being ``closed_on_refusal``: SGLang keeps it shut until a request
     leaves; a round that made room (free or evictable tokens grew) reopens it when the room admission would now
     see (its own prefill budget: free and evictable tokens, less what the running requests reserve) fits the
@@ -100,7 +105,7 @@ def reopen_after_round(rt, scheduler, running_batch, freed: bool) -> None:
         running_batch.batch_is_full = False
 
 
-def untrimmed(rt, reqs: list) -> list:
+def untrimmed(rt: VTokenRuntime, reqs: list) -> list:
     """The requests of ``reqs`` not evicted from yet (admitted, or running before their first eviction): a prefix
     copy is tried at a request's first eviction round, with room admission left for it; a copy that does not pay
     then (streaming keeps a prompt's tail, which leaves the tree's pages no emptier) is left to later checks, with

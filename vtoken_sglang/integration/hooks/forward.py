@@ -4,6 +4,7 @@ policy's collector learns what each forward is and keeps its scored layers' quer
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +14,9 @@ from vtoken_sglang.integration.observe.host_reads import host_array, uncounted
 from vtoken_sglang.integration.parts.score_link import batch_key
 from vtoken_sglang.integration.process import SchedulerProcess
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS
+
+if TYPE_CHECKING:
+    from vtoken_sglang.integration.runtime import VTokenRuntime
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -51,7 +55,7 @@ def begin_forward(vt: SchedulerProcess, original, cls, batch, *args, **kwargs):
     return ret
 
 
-def forward_layout(rt, batch) -> RowLayout | None:
+def forward_layout(rt: VTokenRuntime, batch) -> RowLayout | None:
     """The ``RowLayout`` of the forward of ``batch`` (SGLang's ``ScheduleBatch``); None for a forward without rows
     (idle). A decode batch with managed rows always has SGLang's host rows and lengths."""
     decoding = batch.forward_mode.is_decode()
@@ -84,7 +88,7 @@ def mrope_decode_positions(vt: SchedulerProcess, original, forward_batch, model_
         forward_batch.seq_lens, forward_batch.seq_lens_cpu = live, live_cpu
 
 
-def _check_positions(rt, batch, positions: torch.Tensor) -> None:
+def _check_positions(rt: VTokenRuntime, batch, positions: torch.Tensor) -> None:
     # under the overlap scheduler a request's last result(s) may still be queued, not yet in output_ids
     queued = [id(r) for b, _ in rt.pending_results() for r in b.reqs]
     expected = [len(r.origin_input_ids) + len(r.output_ids) + queued.count(id(r)) - 1 for r in batch.reqs]

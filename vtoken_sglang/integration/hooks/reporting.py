@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from vtoken_sglang.integration.observe.host_reads import HOST_READS
 from vtoken_sglang.integration.observe.metrics_export import PrometheusExporter, log_line
 from vtoken_sglang.integration.observe.runtime_metrics import metrics
 from vtoken_sglang.integration.process import SchedulerProcess
+
+if TYPE_CHECKING:
+    from vtoken_sglang.integration.runtime import VTokenRuntime
 
 logger = logging.getLogger("vtoken_sglang")
 
@@ -34,7 +38,7 @@ def settle_at_idle(vt: SchedulerProcess, original, scheduler, *args, **kwargs):
     return result
 
 
-def _after_idle(rt, fully_idle: bool) -> None:
+def _after_idle(rt: VTokenRuntime, fully_idle: bool) -> None:
     if rt.stats.rounds != rt.logged_rounds:
         from sglang.srt.runtime_context import get_parallel
 

@@ -3,14 +3,19 @@ Prometheus: the pool's and table's state (one device read), the counters of ever
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from vtoken_sglang.integration.observe.hook_timer import TIMER
 from vtoken_sglang.integration.observe.host_reads import HOST_READS
 
+if TYPE_CHECKING:
+    from vtoken_sglang.integration.runtime import VTokenRuntime
 
-def metrics(rt) -> dict:
-    """``rt``: the ``VTokenRuntime``."""
+
+def metrics(rt: VTokenRuntime) -> dict:
+    """The metrics of the runtime ``rt``, each named once here."""
     pool, table = rt.pool, rt.table
     table.settle()
     active = table.active
