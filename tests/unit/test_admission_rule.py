@@ -21,9 +21,10 @@ def admission(reclaim: bool = True, copies: bool = True, in_tree: bool = True) -
 
 def req(protected: int, prompt: int = PROMPT, new: int = NEW) -> SimpleNamespace:
     return SimpleNamespace(
-        kv=SimpleNamespace(cache_protected_len=protected),
+        kv=SimpleNamespace(cache_protected_len=protected, kv_committed_len=prompt),
         origin_input_ids=[0] * prompt,
-        sampling_params=SimpleNamespace(max_new_tokens=new),
+        output_ids=[],
+        sampling_params=SimpleNamespace(max_new_tokens=new, ignore_eos=False),
     )
 
 
@@ -120,3 +121,12 @@ def test_reopening_asks_the_room_now_for_a_transient_prefill_without_copies():
     adm.refused(192, copy=0, extend=645, transient=True)
     assert not adm.reopens(200, room_now=656 + 20 * PAGE - 1, running=20)
     assert adm.reopens(200, room_now=656 + 20 * PAGE, running=20)
+
+
+def test_running_requests_reserve_upstreams_estimate_capped_by_their_budget():
+    """A running request's reservation is upstream's (remaining tokens times the new-token ratio) capped by what its
+    budget lets it add: a prompt over its budget adds nothing, a short one adds its estimate."""
+    adm = admission()
+    assert adm.running_reservation([req(992)], new_token_ratio=0.5, clip=4096) == 0
+    assert adm.running_reservation([req(0, prompt=100, new=20)], new_token_ratio=0.5, clip=4096) == 10
+    assert adm.running_reservation([req(0, prompt=150, new=200)], new_token_ratio=1.0, clip=4096) == 176 - 150

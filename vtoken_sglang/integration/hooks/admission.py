@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vtoken_sglang.integration.parts.admission import RequestLengths
 from vtoken_sglang.integration.process import SchedulerProcess
 
 if TYPE_CHECKING:
@@ -19,11 +20,7 @@ def cap_running_reservation(vt: SchedulerProcess, original, adder, req):
     rt = vt.runtime
     if rt is None or rt.policy is None:
         return upstream
-    remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
-    logical = len(req.origin_input_ids) + len(req.output_ids)
-    return min(
-        upstream, rt.admission.future_kv(req.kv.kv_committed_len, logical, remaining, req.kv.cache_protected_len)
-    )
+    return min(upstream, int(rt.admission.running_kv(RequestLengths.of([req]))[0]))
 
 
 def cap_new_reservation(

@@ -19,6 +19,7 @@ of a full batch. Both checks also ask the room free now for a transient prefill 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,6 +36,41 @@ FIRST_ROUND_STEPS = 2
 """Steps from a request's admission to the round of its first eviction, which trims its prompt and tries its prefix
 copy (its prefill, then its first decode): meanwhile each running request adds a token per decode step, and may
 open a new page for it."""
+
+
+@dataclass(frozen=True)
+class RequestLengths:
+    """SGLang's requests' lengths as admission reads them, read in this one place: ``held`` (KV tokens the row holds
+    now: its live length, ``kv_committed_len``), ``logical`` (prompt + output so far), ``remaining`` (new tokens
+    still to come), ``protected`` (tokens in locked tree pages, ``cache_protected_len``), ``final`` (prompt +
+    ``max_new_tokens``), ``ignore_eos``. Arrays of one length, one entry per request."""
+
+    held: np.ndarray
+    logical: np.ndarray
+    remaining: np.ndarray
+    protected: np.ndarray
+    final: np.ndarray
+    ignore_eos: np.ndarray  # bool
+
+    @classmethod
+    def of(cls, reqs: Sequence) -> RequestLengths:
+        """The lengths of ``reqs`` (SGLang's ``Req``, running or admitted)."""
+        n = len(reqs)
+
+        def column(values, dtype=np.int64) -> np.ndarray:
+            return np.fromiter(values, dtype=dtype, count=n)
+
+        prompt = column(len(r.origin_input_ids) for r in reqs)
+        output = column(len(r.output_ids) for r in reqs)
+        max_new = column(r.sampling_params.max_new_tokens for r in reqs)
+        return cls(
+            held=column(r.kv.kv_committed_len for r in reqs),
+            logical=prompt + output,
+            remaining=max_new - output,
+            protected=column(r.kv.cache_protected_len for r in reqs),
+            final=prompt + max_new,
+            ignore_eos=column((r.sampling_params.ignore_eos for r in reqs), dtype=bool),
+        )
 
 
 def server_policy(cfg: VTokenConfig, page_size: int) -> Policy | None:
@@ -157,15 +193,11 @@ class Admission:
 
     def running_copy_room(self, reqs: Sequence) -> int:
         """``copy_room`` of the requests ``reqs`` (SGLang's ``Req``), running or admitted: their locked tree tokens
-        now (``cache_protected_len``), their prompt and ``max_new_tokens`` at the end."""
-        n = len(reqs)
-        if not self.prefix_copies or n == 0:
+        now, their prompt and ``max_new_tokens`` at the end (``RequestLengths``)."""
+        if not self.prefix_copies or len(reqs) == 0:
             return 0
-        protected = np.fromiter((r.kv.cache_protected_len for r in reqs), dtype=np.int64, count=n)
-        final = np.fromiter(
-            (len(r.origin_input_ids) + r.sampling_params.max_new_tokens for r in reqs), dtype=np.int64, count=n
-        )
-        return self.copy_room(protected, final)
+        lengths = RequestLengths.of(reqs)
+        return self.copy_room(lengths.protected, lengths.final)
 
     def new_copy_room(self, prompt_len: int, matched: int, max_new_tokens: int) -> int:
         """``copy_room`` of a request about to be prefilled: the tokens that will sit in locked tree pages after its
@@ -193,22 +225,18 @@ class Admission:
         """What admission reserves for the future KV of the running requests ``reqs``: per request upstream's
         estimate (its remaining new tokens, clipped at ``clip``, times ``new_token_ratio``, or 1 for ``ignore_eos``)
         capped by ``future_kv`` (``hooks.admission.cap_running_reservation``), summed."""
-        n = len(reqs)
-        if n == 0:
+        if len(reqs) == 0:
             return 0
-
-        def column(values) -> np.ndarray:
-            return np.fromiter(values, dtype=np.int64, count=n)
-
-        remaining = column(r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs)
-        ratio = np.where(column(r.sampling_params.ignore_eos for r in reqs) > 0, 1.0, new_token_ratio)
-        upstream = np.minimum(remaining, clip) * ratio
+        lengths = RequestLengths.of(reqs)
+        ratio = np.where(lengths.ignore_eos, 1.0, new_token_ratio)
+        upstream = np.minimum(lengths.remaining, clip) * ratio
         if self.policy is None:
             return int(upstream.sum())
-        logical = column(len(r.origin_input_ids) + len(r.output_ids) for r in reqs)
-        current = column(r.kv.kv_committed_len for r in reqs)
-        protected = column(r.kv.cache_protected_len for r in reqs)
-        return int(np.minimum(upstream, self.future_kv_many(current, logical, remaining, protected)).sum())
+        return int(np.minimum(upstream, self.running_kv(lengths)).sum())
+
+    def running_kv(self, lengths: RequestLengths) -> np.ndarray:
+        """``future_kv_many`` of running requests, from their ``lengths``."""
+        return self.future_kv_many(lengths.held, lengths.logical, lengths.remaining, lengths.protected)
 
     def refused(self, need: int, copy: int = 0, extend: int = 0, transient: bool = False) -> None:
         """Admission refused a request needing ``need`` tokens of room (SGLang's check: it needs more than that),
