@@ -24,6 +24,7 @@ def test_due_rows_are_exactly_the_rows_over_budget(cfg):
     host_rows = np.array([3, 7, 1, 12, 5, 9])
     live = rng.integers(1, 200, size=len(host_rows))
     rows.host_offset[host_rows] = rng.integers(0, 50, size=len(host_rows))
+    rows.n_managed = len(host_rows)  # rows with a position offset are managed ones
     checked, found, ends, skipped = 0, 0, 0, 0
     for _ in range(400):
         logical = live + rows.host_offset[host_rows]
@@ -33,7 +34,7 @@ def test_due_rows_are_exactly_the_rows_over_budget(cfg):
             skipped += 1
         else:
             checked += int((logical >= rows.host_due[host_rows]).sum())
-            got = rows.over_budget(host_rows, live, policy)
+            got = rows.over_budget(rows.layout(host_rows, live), policy)
         assert got.tolist() == expected.tolist()
         found += len(got)
         for i in got:  # trimmed to its budget: the offset takes what left the live count

@@ -30,9 +30,10 @@ class RowLayout:
     host_rows: np.ndarray  # int64: each batch entry's row of the row store (an engine's request-pool index)
     host_live: np.ndarray  # int64: its live length (the engine's sequence length)
     host_offset: np.ndarray  # int64: its logical length minus its live length (0: not managed)
-    offset: torch.Tensor  # int64, on the table's device: ``host_offset``
+    offset: torch.Tensor | None  # int64, on the table's device: ``host_offset`` (a forward's; None elsewhere, or
+    # when no row is managed)
     any_managed: bool
-    decoding: bool = False  # a decode forward (extend rows are dense until their request is managed)
+    decoding: bool = False  # a decode forward's layout (extend rows are dense until their request is managed)
     _windows: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -42,12 +43,10 @@ class RowLayout:
 
     def logical(self, live: torch.Tensor) -> torch.Tensor:
         """Logical lengths (or positions) from ``live`` ones, per batch entry (the first ``len(live)``), in
-        ``live``'s dtype and on its device."""
+        ``live``'s dtype and on its device (a forward's layout)."""
+        if self.offset is None:
+            return live
         return live + self.offset[: len(live)].to(device=live.device, dtype=live.dtype)
-
-    def host_logical_of(self, live: np.ndarray) -> np.ndarray:
-        """``logical`` on host lengths."""
-        return live + self.host_offset[: len(live)].astype(live.dtype, copy=False)
 
     def window(self, rows: torch.Tensor, lengths: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A sliding window of ``span`` logical positions over the rows ``rows`` (the engine's request-pool

@@ -45,7 +45,7 @@ class Eviction:
         if rows.skip_check():
             return NONE_DUE
         host_rows = layout.host_rows
-        at = rows.over_budget(host_rows, layout.host_live, self.policy)
+        at = rows.over_budget(layout, self.policy)
         if at.size:
             gone = ending()
             at = at[[not batch.reqs[i].finished() and id(batch.reqs[i]) not in gone for i in at.tolist()]]

@@ -79,12 +79,7 @@ class RequestRows:
         host_live = host_live.astype(np.int64, copy=False)
         managed = self.n_managed > 0
         host_offset = self.host_offset[host_rows] if managed else np.zeros(len(host_rows), dtype=np.int64)
-        if device_rows is None:
-            offset = None
-        elif managed:
-            offset = self.offset[device_rows.to(torch.int64)]
-        else:
-            offset = torch.zeros(len(device_rows), dtype=torch.int64, device=self.offset.device)
+        offset = self.offset[device_rows.to(torch.int64)] if managed and device_rows is not None else None
         return RowLayout(self.table, host_rows, host_live, host_offset, offset, managed, decoding)
 
     def needs_page(self, rows: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
@@ -95,12 +90,12 @@ class RequestRows:
         pos = np.where(self.host_active[rows], self.host_tail_pos[rows], (seq_lens - 1) % P)
         return tail_room(pos, P) == 0
 
-    def over_budget(self, host_rows: np.ndarray, live: np.ndarray, policy) -> np.ndarray:
-        """Batch positions of the rows (``host_rows``, live lengths ``live``) over ``policy``'s budget + slack.
+    def over_budget(self, layout: RowLayout, policy) -> np.ndarray:
+        """Batch positions of the rows of a batch (``layout``) over ``policy``'s budget + slack.
         Only rows whose logical length reached their due length are checked, each ``DUE_HORIZON`` decode steps
         ahead at once: a decode step adds one token to both its live and logical lengths, so the step at which a
         row first runs over is known now, and the row is due then (or after the horizon, if it stays under)."""
-        logical = live + self.host_offset[host_rows]  # the layout's (``RowLayout.host_logical``)
+        host_rows, live, logical = layout.host_rows, layout.host_live, layout.host_logical
         due = np.flatnonzero(logical >= self.host_due[host_rows])
         if not due.size:
             return due
