@@ -80,12 +80,15 @@ def test_a_group_too_large_for_the_room_copies_its_own_parts_first():
     plan = plan_cow(holders, nodes, P, room=20)
     assert [(d.key, d.cut, d.pages) for d in plan.decisions] == [(k, 1, 12) for k in range(4)] and plan.deferred
     assert plan.pages_released == 96 and plan.pages_copied == 48
+    assert plan.waiting == {0, 1, 2, 3} and not whole.waiting  # the shared page waits for all four
     tight = plan_cow(holders, nodes, P, room=11)
-    assert tight.decisions == () and tight.deferred  # not even one member's part fits
+    assert tight.decisions == () and tight.deferred and tight.waiting == {0, 1, 2, 3}  # not even a member's part
 
 
 def test_each_group_taken_adds_its_gain_to_the_room():
     nodes = {1: PrefixNode(1, 10), 2: PrefixNode(1, 10)}
     holders = [Holder(1, (1,), (5 * P,)), Holder(2, (2,), (5 * P,))]
     plan = plan_cow(holders, nodes, P, room=5)  # the first frees 10 for 5: room 10 for the second
-    assert [d.key for d in plan.decisions] == [1, 2] and not plan.deferred
+    assert [d.key for d in plan.decisions] == [1, 2] and not plan.deferred and not plan.waiting
+    short = plan_cow(holders, nodes, P, room=4)  # neither fits: both copies wait, and admission holds their room
+    assert short.decisions == () and short.deferred and short.waiting == {1, 2}

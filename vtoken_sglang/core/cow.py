@@ -70,6 +70,7 @@ class CowGroup:
 class CowPlan:
     groups: tuple[CowGroup, ...]
     deferred: bool = False  # a gainful release was left for a later check: its copies did not fit the room
+    waiting: frozenset[int] = frozenset()  # keys of the holders whose gainful copy was left for a later check
 
     @property
     def decisions(self) -> tuple[CowDecision, ...]:
@@ -108,8 +109,8 @@ def plan_cow(
     ``room``: pages the copies may take now (free, or held by nodes nobody locks), ``None`` for no bound. Groups
     are taken in order while they fit; each one taken adds its gain to the room (the nodes it releases become
     evictable). A group that pays but does not fit is split: its members copy the parts nobody else holds (those
-    that fit), and the shared part waits for a later check (``CowPlan.deferred``), when it costs only its own live
-    tokens."""
+    that fit), and the shared part waits for a later check (``CowPlan.deferred``; its holders in
+    ``CowPlan.waiting``), when it costs only its own live tokens."""
     holders_of: dict[int, list[int]] = {}
     for h in holders:
         for n in h.path:
@@ -138,11 +139,13 @@ def plan_cow(
     out: list[CowGroup] = []
     left = float("inf") if room is None else room
     deferred = False
+    waiting: set[int] = set()
 
     def take(group: CowGroup) -> None:
         nonlocal left, deferred
         if group.pages_copied > left:
             deferred = True
+            waiting.update(d.key for d in group.decisions)
             return
         out.append(group)
         left += group.pages_released - group.pages_copied
@@ -162,6 +165,7 @@ def plan_cow(
                 take(CowGroup(tuple(group), freed, cost))
                 continue
             deferred = True
+            waiting.update(members)  # the shared part waits, whatever each member copies alone now
         for k in members:  # alone: only the nodes nobody else holds
             cut = _suffix_start(by_key[k].path, lambda n: n in releasable and len(holders_of[n]) == 1)
             if cut == len(by_key[k].path):
@@ -169,4 +173,4 @@ def plan_cow(
             d, freed = decide(k, cut), sum(nodes[n].pages for n in by_key[k].path[cut:])
             if freed > d.pages and (allow_copies or d.tokens == 0):
                 take(CowGroup((d,), freed, d.pages))
-    return CowPlan(tuple(out), deferred)
+    return CowPlan(tuple(out), deferred, frozenset(waiting))

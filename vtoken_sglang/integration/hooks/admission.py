@@ -42,7 +42,7 @@ def check_new_by_budget(
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
     it keep (a prompt its first round trims: what it keeps at its end); the check asks for that same amount. Then,
     where the request's prefill is transient (``Admission.trims_prompt``) or a prefix copy is pending (its own or
-    that of a running or admitted request not evicted from yet: ``Admission.copy_room``, ``untrimmed``), the room
+    that of a running or admitted request not evicted from yet: ``Admission.copy_room``, ``copy_pending``), the room
     free now must hold its prefill and the largest pending copy (``Admission.fits_now``), which is checked, not
     charged; a request that would run alone is checked without copies (a copy it has no room for leaves it holding
     its prompt, as Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for
@@ -60,7 +60,7 @@ def check_new_by_budget(
         total_tokens -= max_new - adm.new_request_kv(prompt, max_new, extend_input_len)
     own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
     others = [*adder.running_batch.reqs, *adder.can_run_list]
-    copy = max(own_copy, adm.running_copy_room(untrimmed(rt, others))) if others else 0  # alone: as upstream
+    copy = max(own_copy, adm.running_copy_room(copy_pending(rt, others))) if others else 0  # alone: as upstream
     fits, chunk_limit = original(
         adder, req, *args, total_tokens=total_tokens, extend_input_len=extend_input_len, **kwargs
     )
@@ -96,19 +96,23 @@ def reopen_after_round(rt: VTokenRuntime, scheduler, running_batch, freed: bool)
     reserved = rt.admission.running_reservation(
         running_batch.reqs, scheduler.new_token_ratio_tracker.current, CLIP_MAX_NEW_TOKENS
     )
-    running_copy = rt.admission.running_copy_room(untrimmed(rt, running_batch.reqs))
+    running_copy = rt.admission.running_copy_room(copy_pending(rt, running_batch.reqs))
     room_now = int(budget.remaining_current)
     if rt.admission.reopens(int(budget.remaining_total) - reserved, room_now, running_copy, len(running_batch.reqs)):
         running_batch.batch_is_full = False
 
 
-def untrimmed(rt: VTokenRuntime, reqs: list) -> list:
-    """The requests of ``reqs`` not evicted from yet (admitted, or running before their first eviction): a prefix
-    copy is tried at a request's first eviction round, with room admission left for it; a copy that does not pay
-    then (streaming keeps a prompt's tail, which leaves the tree's pages no emptier) is left to later checks, with
-    no room held for it."""
+def copy_pending(rt: VTokenRuntime, reqs: list) -> list:
+    """The requests of ``reqs`` whose prefix copy may still come: not evicted from yet (admitted, or running before
+    their first eviction: a copy is tried at a request's first eviction round), or whose gainful copy the last
+    check left for later for lack of room (``PrefixCow.waiting``): admission leaves room for it, or the request
+    holds its whole prompt to its end. A copy that does not pay at the first round (streaming keeps a prompt's
+    tail, which leaves the tree's pages no emptier) is left to later checks, with no room held for it."""
     compacted = rt.rows.host_compacted
-    return [r for r in reqs if r.kv.req_pool_idx is None or not compacted[r.kv.req_pool_idx]]
+    waiting = rt.cow.waiting if rt.cow is not None else ()
+    return [
+        r for r in reqs if r.kv.req_pool_idx is None or not compacted[r.kv.req_pool_idx] or r.kv.req_pool_idx in waiting
+    ]
 
 
 def admit_ignore_eos_by_budget(vt: SchedulerProcess, original, adder, req, *args, **kwargs):

@@ -68,6 +68,8 @@ def release_request(vt: SchedulerProcess, original, req, tree_cache, *args, **kw
     rt = vt.runtime
     if rt is not None and req.kv.req_pool_idx is not None:
         rt.rows.forget(req.kv.req_pool_idx)
+        if rt.cow is not None:
+            rt.cow.forget(req.kv.req_pool_idx)
         if rt.rows.is_managed(req.kv.req_pool_idx):
             rt.rows.release(req)
     return original(req, tree_cache, *args, **kwargs)

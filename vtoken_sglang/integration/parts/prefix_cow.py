@@ -47,6 +47,7 @@ class PrefixCow:
         self.room_pages = 0  # pages of unlocked tree nodes evicted to make room for copies
         self.deferred = 0  # checks that left a gainful release for later: its pages were not free
         self.retry = False  # the last check deferred a group: check again at the next trimming round
+        self.waiting: set[int] = set()  # rows whose gainful copy the last check left for later (admission holds room)
         self.seconds = 0.0
 
     def candidates(self, reqs: list) -> list:
@@ -112,6 +113,7 @@ class PrefixCow:
         t0 = time.perf_counter()
         cand_ids = {id(r) for r in cands}
         plan, info = self.plan(cands, [r for r in list(reqs) + list(others) if r is not None and id(r) not in cand_ids])
+        self.waiting = set(plan.waiting)
         if plan.deferred:
             self.retry = True
             self.deferred += 1
@@ -127,10 +129,15 @@ class PrefixCow:
             except OutOfPages:
                 self.retry = True
                 self.deferred += 1
+                self.waiting.update(d.key for d in group.decisions)
                 logger.debug("[vtoken] copy-on-write deferred: %d pages needed, none free", group.pages_copied)
         released += self._carry_out(taken, info)
         self.seconds += time.perf_counter() - t0
         return released
+
+    def forget(self, row: int) -> None:
+        """The request in ``row`` ends: no copy of it waits."""
+        self.waiting.discard(row)
 
     def _make_room(self, pages: int) -> None:
         """Evict unlocked radix-tree nodes (SGLang's own eviction, LRU) until ``pages`` pages can be taken, or
