@@ -543,3 +543,32 @@ def test_window_suffix_equals_brute_force_with_deferred_tokens():
             assert w.tolist() == want and torch.equal(start, lengths - w), (step, span)
             shrunk += int((w < torch.clamp(lengths, max=span)).sum())
     assert shrunk > 0
+
+
+def test_row_layout_translates_live_lengths_and_caches_windows_per_forward():
+    """``RowLayout``: logical lengths are live ones plus each entry's offset (the identity without device offsets);
+    a window is the table's ``window_suffix`` of the caller's rows and lengths, computed once per span and batch
+    size (every layer of a forward gets the same tensors), in the lengths' dtype."""
+    from vtoken_sglang.core.row_layout import RowLayout
+
+    g = torch.Generator().manual_seed(7)
+    eng = MiniEngine(num_pages=64, page_size=4, rows=4, reserve=2)
+    t, rows = eng.table, torch.tensor([0, 1, 3])
+    t.open_rows(rows)
+    eng.write(rows, torch.tensor([9, 6, 11]))
+    eng.evict_random(0.4, g)
+    t.settle()
+    live = t.live_len[rows]
+    offset = t.logical_len[rows] - live
+    assert int(offset.sum()) > 0  # something was evicted: the translation is not the identity
+    layout = RowLayout(t, rows.numpy(), live.numpy(), offset.numpy(), offset, True, True)
+    assert layout.logical(live.to(torch.int32)).tolist() == t.logical_len[rows].tolist()
+    assert layout.host_logical.tolist() == t.logical_len[rows].tolist()
+    plain = RowLayout(t, rows.numpy(), live.numpy(), np.zeros(3, dtype=np.int64), None, False)
+    assert plain.logical(live) is live
+    lengths = live.to(torch.int32)
+    w, start = layout.window(rows, lengths, 3)
+    want_w, want_start = t.window_suffix(rows, lengths, 3)
+    assert w.dtype == torch.int32 and w.tolist() == want_w.tolist() and start.tolist() == want_start.tolist()
+    assert layout.window(rows, lengths, 3)[0] is w  # the second layer of the forward reuses it
+    assert layout.window(rows, lengths, 5)[0] is not w
