@@ -42,7 +42,8 @@ def check_new_by_budget(
     length (``total_tokens`` counts it), where ``cap_new_reservation`` charges only what its eviction budget lets
     it keep (a prompt its first round trims: what it keeps at its end); the check asks for that same amount. Then,
     where the request's prefill is transient (``Admission.trims_prompt``) or a prefix copy is pending (its own or
-    that of a running or admitted request not evicted from yet: ``Admission.copy_room``, ``copy_pending``), the room
+    that of a running or admitted request not evicted from yet, or whose copy waits: ``Admission.copy_room``,
+    ``copy_pending``), the room
     free now must hold its prefill and the largest pending copy (``Admission.fits_now``), which is checked, not
     charged; a request that would run alone is checked without copies (a copy it has no room for leaves it holding
     its prompt, as Naive-Evict holds it). A refusal is recorded (``Admission.refused``) for
