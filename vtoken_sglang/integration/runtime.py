@@ -185,7 +185,9 @@ class VTokenRuntime:
         try:
             self._fold_scores(batch, ending)  # 2.
             managed = self.rows.requests_managed
-            layout = self.rows.layout(host_array(batch.req_pool_indices_cpu), host_array(batch.seq_lens_cpu))
+            layout = None  # the batch's, built only in a round that looks at its rows
+            if not self.rows.skip_check():
+                layout = self.rows.layout(host_array(batch.req_pool_indices_cpu), host_array(batch.seq_lens_cpu))
             trimmed = self.eviction.run(batch, layout, ending)  # 3.
             if trimmed.size:
                 self._copy_on_write(batch, lock_holders, ending, self.rows.requests_managed != managed)  # 4.

@@ -37,12 +37,12 @@ class Eviction:
         self.policy = policy
         self.stats = stats
 
-    def run(self, batch, layout: RowLayout, ending: Callable[[], Set[int]]) -> np.ndarray:
-        """Evict from the requests of ``batch`` (its rows: ``layout``) over budget + slack; ``ending()``: ids of the
-        requests the pending result ends. Returns the batch positions of the requests evicted from (int64,
-        possibly empty)."""
+    def run(self, batch, layout: RowLayout | None, ending: Callable[[], Set[int]]) -> np.ndarray:
+        """Evict from the requests of ``batch`` (its rows: ``layout``; None in a round that skips the check,
+        ``RequestRows.skip_check``) over budget + slack; ``ending()``: ids of the requests the pending result ends.
+        Returns the batch positions of the requests evicted from (int64, possibly empty)."""
         rows = self.rows
-        if rows.skip_check():
+        if layout is None:
             return NONE_DUE
         host_rows = layout.host_rows
         at = rows.over_budget(layout, self.policy)
