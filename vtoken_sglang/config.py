@@ -160,6 +160,14 @@ class VTokenConfig(_PolicyOptions):
         "unlocks the tree's when that frees pages (on), or keeps them locked until it ends (off, the paper).",
         parse_on_off,
     )
+    vtoken_prefill_eviction: bool = option(
+        False,
+        "Evict between prefill chunks: a prompt over its budget is held to its budget from its first chunk on "
+        "(only its budget plus a chunk is ever in memory, so a prompt longer than the KV pool can be served); its "
+        "chunks are not inserted into the radix tree. Off: a prompt is prefilled whole and trimmed at its first "
+        "decode step.",
+        parse_on_off,
+    )
 
     @classmethod
     def build(
@@ -196,6 +204,10 @@ class VTokenConfig(_PolicyOptions):
             raise ConfigError(
                 f"{display('vtoken_policy')} {self.vtoken_policy} needs a budget: give {display('vtoken_budget')} or "
                 f"{display('vtoken_budget_ratio')}"
+            )
+        if self.vtoken_policy == "none" and self.vtoken_prefill_eviction:
+            raise ConfigError(
+                f"{display('vtoken_prefill_eviction')} needs an eviction policy; {display('vtoken_policy')} is none"
             )
         takes = self._takes_options_of(display)
         for opt in OPTIONS:

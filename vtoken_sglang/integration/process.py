@@ -26,6 +26,7 @@ class SchedulerProcess:
     def __init__(self) -> None:
         self.scorer: ScoreCollector | None = None
         self.runtime: VTokenRuntime | None = None
+        self.widest_window = 0  # the model's widest sliding window (0: none), seen as SGLang builds its layers
 
 
 PROCESS = SchedulerProcess()

@@ -5,6 +5,8 @@ Built once per scheduler (``hooks.scheduler.build_runtime``), it owns one object
   SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
 - ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
 - ``eviction`` (``eviction``): the round's victims, for the requests over budget + slack (with a policy);
+- ``prefill`` (``prefill_eviction``): the round between two prefill chunks of a long prompt (``--vtoken-prefill-
+  eviction``; the hook on SGLang's stash of a chunked request runs it);
 - ``forward_layout`` (``core.row_layout``): the forward's rows, live and logical lengths and sliding windows, read by
   the forward's hooks (positions, M-RoPE, the backends' windows); built by ``hooks.forward.begin_forward``;
 - ``scores`` (``score_link``): attention scores into the policy's state (score policies only);
@@ -61,6 +63,7 @@ from vtoken_sglang.integration.parts.admission import Admission, server_policy
 from vtoken_sglang.integration.parts.eviction import Eviction
 from vtoken_sglang.integration.parts.page_bridge import SglangPagePool
 from vtoken_sglang.integration.parts.plan_source import SNAPSHOT_EVERY, InlinePlans, WorkerPlans
+from vtoken_sglang.integration.parts.prefill_eviction import PrefillEviction
 from vtoken_sglang.integration.parts.prefix_cow import PrefixCow
 from vtoken_sglang.integration.parts.request_rows import RequestRows
 from vtoken_sglang.integration.parts.score_link import ScoreLink, make_scorer
@@ -101,12 +104,13 @@ class VTokenRuntime:
         prompt_in_tree: bool = True,
         pending_results: Callable[[], Iterable] = tuple,
         scorer: ScoreCollector | None = None,
+        widest_window: int = 0,
     ):
         """``tree``: SGLang's radix cache when it is on; ``producer``: the forward stream when it is not this
         thread's (overlap scheduler on CUDA: copies wait for the forward in flight); ``prompt_in_tree``: the radix
         cache takes each prompt's whole pages after prefill; ``pending_results``: the overlap scheduler's queued
         (batch, result) pairs; ``scorer``: the score collector the attention hook fills (score policies; built
-        here when not given)."""
+        here when not given); ``widest_window``: the model's widest sliding window (0: none)."""
         self.cfg = cfg
         self.allocator = allocator
         self.page_size = allocator.page_size
@@ -125,6 +129,9 @@ class VTokenRuntime:
         self.rows = RequestRows(self.table, self.pool)
         self.forward_layout: RowLayout | None = None  # the forward being run's (``hooks.forward.begin_forward``)
         self.eviction = Eviction(self.table, self.rows, self.pool, self.policy, self.stats) if self.policy else None
+        self.prefill = None
+        if self.policy is not None and cfg.vtoken_prefill_eviction:
+            self.prefill = PrefillEviction(self.table, self.rows, self.pool, self.policy, self.stats, widest_window)
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(
@@ -201,6 +208,15 @@ class VTokenRuntime:
                 self.reclaimer.pending_pages(),
                 self.reclaimer.stats.plans_admitted,
             )
+
+    def after_chunk(self, req) -> None:
+        """The round between two prefill chunks of ``req`` (taken by ``prefill``): due relocation sources released,
+        its victims evicted, sparse pages packed."""
+        self.plans.begin_round()
+        if self.prefill.after_chunk(req):
+            self.stats.prefill_rounds += 1
+            self.plans.plan_now()
+            self.sample_pages()
 
     def _close_step(self) -> None:
         """The step since the last round is over: counted, and (debug) its host reads closed."""

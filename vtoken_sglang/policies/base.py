@@ -146,14 +146,22 @@ class Policy(abc.ABC):
         return torch.clamp(b, min=c.floor)
 
     def select_victims(
-        self, table: TokenTable, rows: torch.Tensor, protect_cols: torch.Tensor | None = None
+        self,
+        table: TokenTable,
+        rows: torch.Tensor,
+        protect_cols: torch.Tensor | None = None,
+        budget_at: torch.Tensor | None = None,
+        newest: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Victims ``(rows, cols)`` of the requests in ``rows`` that exceed their budget plus slack.
-        ``protect_cols[i]``: columns below it are kept too (an engine's shared prefix)."""
+        ``protect_cols[i]``: columns below it are kept too (an engine's shared prefix). ``budget_at[i]``: the
+        logical length the budget is taken at (default: the row's own; a prompt evicted between its prefill chunks
+        is held to the budget of its whole prompt). ``newest``: the newest logical positions kept (default:
+        ``recent``; a prefill chunk's round keeps at least a sliding layer's window)."""
         empty = (rows.new_empty(0), rows.new_empty(0))
         if rows.numel() == 0:
             return empty
-        budget = self.budget(table.logical_len[rows])
+        budget = self.budget(table.logical_len[rows] if budget_at is None else budget_at)
         over = table.live_len[rows] > budget + self.cfg.slack
         rows, budget = rows[over], budget[over]
         if rows.numel() == 0:
@@ -164,7 +172,7 @@ class Policy(abc.ABC):
         protected = (
             ~block.valid
             | (block.logical < self.cfg.sinks)
-            | (block.logical >= (block.logical_len - self.cfg.recent)[:, None])
+            | (block.logical >= (block.logical_len - (self.cfg.recent if newest is None else newest))[:, None])
         )
         protected[torch.arange(len(rows)), block.live_len - 1] = True
         if floor is not None:

@@ -31,8 +31,16 @@ HOOKS = {
     f"{_BATCH}.new_tokens_required_next_decode": ("AROUND", allocation.count_decode_pages),
     f"{_BATCH}.prepare_for_decode": ("AROUND", allocation.register_decode_slots),
     "sglang.srt.mem_cache.common.release_kv_cache": ("AROUND", allocation.release_request),
+    f"{_SCHED}.stash_chunked_request": ("AROUND", scheduler.evict_between_chunks),
+    "sglang.srt.mem_cache.allocation.alloc_for_extend": ("AROUND", allocation.extend_over_live_rows),
+    "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.alloc_extend": (
+        "AROUND",
+        allocation.alloc_extend_slots,
+    ),
+    f"{_BATCH}.prepare_for_extend": ("AFTER", allocation.live_extend_sum),
     f"{_FORWARD_BATCH}.init_new": ("AROUND", forward.begin_forward),
     f"{_FORWARD_BATCH}._compute_mrope_positions_decode": ("AROUND", forward.mrope_decode_positions),
+    f"{_FORWARD_BATCH}._compute_mrope_positions_extend": ("AROUND", forward.mrope_extend_positions),
     f"{_ATTN}.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode": (
         "AROUND",
         windows.torch_native_decode_window,

@@ -89,3 +89,76 @@ def register_decode_slots(vt: SchedulerProcess, original, batch, *args, **kwargs
         rt.rows.preparing = None
     rt.rows.sync_decode(layout)
     return result
+
+
+def extend_over_live_rows(vt: SchedulerProcess, original, batch, *args, **kwargs):
+    """AROUND ``mem_cache.allocation.alloc_for_extend``: a managed request's chunk (a prompt evicted between its
+    prefill chunks) extends its compacted row. Its ``Req`` stays logical (``prefix_len``: the prompt's tokens done);
+    the batch's prefix and sequence lengths become live (replaced, not written: ``prepare_for_extend`` keeps its own
+    lists logical), its prefix read from the row's live entries, and its slots follow the tail-page rule
+    (``alloc_extend_slots``). Afterwards the new tokens are registered in the Token Table."""
+    rt = vt.runtime
+    if rt is None or rt.rows.n_managed == 0:
+        return original(batch, *args, **kwargs)
+    reqs = batch.reqs
+    rows = np.fromiter((r.kv.req_pool_idx if r.kv.holds_kv else -1 for r in reqs), dtype=np.int64, count=len(reqs))
+    at = np.flatnonzero(rt.rows.host_active[rows] & (rows >= 0))
+    if not at.size:
+        return original(batch, *args, **kwargs)
+    ours = [reqs[i] for i in at.tolist()]
+    logical = np.fromiter((r.prefix_len for r in ours), dtype=np.int64, count=len(ours))
+    live = np.fromiter((r.kv.kv_committed_len for r in ours), dtype=np.int64, count=len(ours))
+    shift = np.zeros(len(reqs), dtype=np.int64)
+    shift[at] = logical - live
+    prefix = np.asarray(batch.prefix_lens, dtype=np.int64) - shift
+    batch.prefix_lens = prefix.tolist()
+    batch.seq_lens = batch.seq_lens - torch.from_numpy(shift).to(batch.seq_lens.device, batch.seq_lens.dtype)
+    batch.seq_lens_cpu = batch.seq_lens_cpu - torch.from_numpy(shift).to(batch.seq_lens_cpu.dtype)
+    virtual = prefix.copy()  # what the allocator's page arithmetic is given (``alloc_extend_slots``)
+    virtual[at] = (rt.rows.host_tail_pos[rows[at]] + 1) % rt.page_size
+    rt.rows.extending = virtual
+    for r, n in zip(ours, live.tolist()):
+        r.prefix_len = n  # the row's prefix, for upstream's read of it (``_prefix_kv_indices``)
+    try:
+        result = original(batch, *args, **kwargs)
+    finally:
+        rt.rows.extending = None
+        for r, n in zip(ours, logical.tolist()):
+            r.prefix_len = n
+    counts = np.asarray(batch.extend_lens, dtype=np.int64)[at]
+    rt.rows.extend(rows[at], counts)
+    rt.stats.peak_extend_kv = max(rt.stats.peak_extend_kv, int((live + counts).max()))
+    return result
+
+
+def alloc_extend_slots(
+    vt: SchedulerProcess, original, allocator, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, *args, **kwargs
+):
+    """AROUND ``PagedTokenToKVPoolAllocator.alloc_extend``: upstream fills a request's last page from its prefix
+    length modulo a page; a compacted row's last slot sits elsewhere in its page. Upstream's kernel and page count
+    depend only on the prefix length modulo a page and the extend length, so they are given, for the rows of an
+    extend that ``extend_over_live_rows`` prepared, the in-page position after the row's last slot as the prefix
+    length (the tail-page rule): the same output as upstream's for dense rows."""
+    rt = vt.runtime
+    virtual = rt.rows.extending if rt is not None else None
+    if virtual is None or len(virtual) != len(prefix_lens_cpu):
+        return original(allocator, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, *args, **kwargs)
+    pre_cpu = torch.from_numpy(virtual).to(prefix_lens_cpu.dtype)
+    seq_cpu = pre_cpu + (seq_lens_cpu - prefix_lens_cpu).to(pre_cpu.dtype)
+    return original(
+        allocator,
+        pre_cpu.to(prefix_lens.device, prefix_lens.dtype),
+        pre_cpu,
+        seq_cpu.to(seq_lens.device, seq_lens.dtype),
+        seq_cpu.to(seq_lens_cpu.dtype),
+        *args,
+        **kwargs,
+    )
+
+
+def live_extend_sum(vt: SchedulerProcess, result, batch, *args, **kwargs) -> None:
+    """AFTER ``ScheduleBatch.prepare_for_extend``: its length sum (upstream sums its logical list) is the live
+    one when the batch extends a managed row."""
+    rt = vt.runtime
+    if rt is not None and rt.rows.n_managed and batch.seq_lens_cpu is not None:
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())

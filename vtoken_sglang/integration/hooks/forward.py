@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from vtoken_sglang.core.row_layout import RowLayout
@@ -46,6 +47,12 @@ def begin_forward(vt: SchedulerProcess, original, cls, batch, *args, **kwargs):
             )
         else:
             scorer.begin_forward(ret.forward_mode.is_decode())
+    if ret.forward_mode.is_extend() and ret.positions is not None and layout is not None and layout.host_offset.any():
+        # an extend of a compacted row (a prompt evicted between its prefill chunks): positions from its logical
+        # prefix, not its live one (upstream's are prefix + arange(extend) per request)
+        ret.positions = ret.positions + torch.repeat_interleave(
+            layout.offset[: len(ret.extend_seq_lens)], ret.extend_seq_lens, output_size=ret.extend_num_tokens
+        ).to(ret.positions.dtype)
     if ret.forward_mode.is_decode() and ret.positions is not None:
         if layout is not None and layout.any_managed:  # unmanaged rows have offset 0
             ret.positions = layout.logical(ret.positions)
@@ -86,6 +93,22 @@ def mrope_decode_positions(vt: SchedulerProcess, original, forward_batch, model_
         return original(forward_batch, model_runner, batch)
     finally:
         forward_batch.seq_lens, forward_batch.seq_lens_cpu = live, live_cpu
+
+
+def mrope_extend_positions(vt: SchedulerProcess, original, forward_batch, model_runner, batch) -> None:
+    """AROUND ``ForwardBatch._compute_mrope_positions_extend``: M-RoPE extend positions from each request's logical
+    prefix (the forward's ``RowLayout``), not its live one: upstream takes a text row's positions from its prefix
+    length (prompts evicted between prefill chunks are text only: ``prefill_eviction.plain_text``)."""
+    rt = vt.runtime
+    layout = rt.forward_layout if rt is not None else None
+    if layout is None or not layout.host_offset.any():
+        return original(forward_batch, model_runner, batch)
+    live = batch.prefix_lens
+    try:
+        batch.prefix_lens = (np.asarray(live, dtype=np.int64) + layout.host_offset[: len(live)]).tolist()
+        return original(forward_batch, model_runner, batch)
+    finally:
+        batch.prefix_lens = live
 
 
 def _check_positions(rt: VTokenRuntime, batch, positions: torch.Tensor) -> None:

@@ -34,7 +34,7 @@ def build_runtime(vt: SchedulerProcess, original, scheduler, server_args, *args,
     vt.scorer = scorer
     original(scheduler, server_args, *args, **kwargs)
     cfg = options.current_config(scheduler.server_args)
-    rt = runtime_over(scheduler, cfg, scorer)
+    rt = runtime_over(scheduler, cfg, scorer, vt.widest_window)
     vt.runtime = rt
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
     logger.info(
@@ -45,9 +45,10 @@ def build_runtime(vt: SchedulerProcess, original, scheduler, server_args, *args,
     )
 
 
-def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None) -> VTokenRuntime:
-    """The runtime over a built SGLang scheduler's pools, tree, streams and TP group; raises ``SystemExit``
-    with one line if they are not what vToken can serve (a paged allocator over one K/V pool)."""
+def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None, widest_window: int = 0) -> VTokenRuntime:
+    """The runtime over a built SGLang scheduler's pools, tree, streams and TP group (``widest_window``: its
+    model's widest sliding window, 0 for none); raises ``SystemExit`` with one line if they are not what vToken can
+    serve (a paged allocator over one K/V pool)."""
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 
     allocator = scheduler.token_to_kv_pool_allocator
@@ -72,6 +73,7 @@ def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None) ->
         prompt_in_tree=not scheduler.server_args.disable_radix_cache,
         pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
         scorer=scorer,
+        widest_window=widest_window,
     )
 
 
@@ -81,6 +83,19 @@ def refuse_unsupported_layer(vt: SchedulerProcess, result, layer, *args, **kwarg
     reason = model_support.unsupported_layer(layer)
     if reason:
         model_support.refuse(reason)
+    vt.widest_window = max(vt.widest_window, layer.sliding_window_size)
+
+
+def evict_between_chunks(vt: SchedulerProcess, original, scheduler, req, *args, **kwargs):
+    """AROUND ``Scheduler.stash_chunked_request``: a prompt evicted between its prefill chunks
+    (``--vtoken-prefill-eviction``, ``parts.prefill_eviction``) is marked before upstream's stash (which then
+    publishes nothing to the tree and only moves its prefix length on), and trimmed after it."""
+    rt = vt.runtime
+    if rt is None or rt.prefill is None or not rt.prefill.takes(req):
+        return original(scheduler, req, *args, **kwargs)
+    result = original(scheduler, req, *args, **kwargs)
+    rt.after_chunk(req)
+    return result
 
 
 def run_eviction_round(vt: SchedulerProcess, scheduler, running_batch=None, last_batch=None, *args, **kwargs) -> None:

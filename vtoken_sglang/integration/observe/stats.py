@@ -22,6 +22,9 @@ class RuntimeStats:
     peak_pool_pages: int = 0  # SGLang's whole KV pool in use, sampled after each round
     peak_tracked_pages: int = 0  # pages of managed requests
     peak_held_pages: int = 0  # SGLang's pool in use less the tree's evictable pages (radix cache on)
+    prefill_rounds: int = 0  # rounds between two prefill chunks of a prompt (``--vtoken-prefill-eviction``)
+    prefill_tokens_evicted: int = 0  # tokens they evicted (also in ``tokens_evicted``)
+    peak_extend_kv: int = 0  # the most KV a managed request held in a prefill chunk's forward: live + the chunk
     reclaim_on_pressure: int = 0  # reclaims forced by a decode step that would not fit
     pages_freed_on_pressure: int = 0  # what they freed (before SGLang checked the step again)
     position_checks: int = 0  # decode positions checked (VTOKEN_SGLANG_CHECK_POSITIONS=1)

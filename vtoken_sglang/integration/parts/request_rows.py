@@ -61,6 +61,8 @@ class RequestRows:
         self.requests_managed = 0  # requests ever managed
         self.n_managed = 0  # rows managed now (== table.active.sum()); 0 lets every hook take upstream's path
         self.preparing: RowLayout | None = None  # the batch ``prepare_for_decode`` is preparing, with managed rows
+        # the prefix lengths ``alloc_for_extend`` gives the allocator's page arithmetic (the tail-page rule)
+        self.extending: np.ndarray | None = None
 
     def device_bytes(self) -> int:
         """Device bytes of the per-row position offsets (the host mirrors are host memory)."""
@@ -192,6 +194,22 @@ class RequestRows:
         mine = host_rows if n == len(host_rows) else host_rows[managed]  # with eviction on, usually every row
         self.host_tail_pos[mine] = (self.host_tail_pos[mine] + 1) % self.page_size
         self.table.defer_decode_tokens(mine)  # registered when the table is next read
+
+    def extend(self, host_rows: np.ndarray, counts: np.ndarray) -> None:
+        """An extend wrote ``counts[i]`` new slots after the live entries of managed row ``host_rows[i]`` (by the
+        tail-page rule: the last one sits ``counts[i]`` in-page positions after the old tail, modulo a page)."""
+        dev = self.req_to_token.device
+        rows = torch.from_numpy(host_rows).to(dev)
+        self.table.sync_new_tokens(rows, torch.from_numpy(counts).to(dev), claim_pages=True)
+        self.host_tail_pos[host_rows] = (self.host_tail_pos[host_rows] + counts) % self.page_size
+
+    def write_request(self, req) -> None:
+        """A managed request outside any batch (a prompt between two prefill chunks) may have been trimmed: its
+        live length from the Token Table into it, and its position offset."""
+        row = req.kv.req_pool_idx
+        live, logical = (int(x) for x in torch.stack([self.table.live_len[row], self.table.logical_len[row]]))
+        self.offset[row] = self.host_offset[row] = logical - live
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = live
 
     def write_lengths(self, batch, layout: RowLayout, at: np.ndarray) -> None:
         """The requests at batch positions ``at`` (managed) of ``batch`` (its layout before the round: ``layout``)
