@@ -33,15 +33,17 @@ OPTION_HOOKS: dict[str, tuple[str, Callable]] = {
 
 def _serving_hooks(cfg: VTokenConfig | None = None) -> dict[str, tuple[str, Callable]]:
     """The scheduler-side hooks for ``cfg`` (all of them when ``cfg`` is None)."""
-    from vtoken_sglang.integration.hooks import HOOKS, PREFILL_SCORING_HOOKS, SCORING_HOOKS
+    from vtoken_sglang.integration.hooks import HOOKS, PREFILL_EVICTION_HOOKS, PREFILL_SCORING_HOOKS, SCORING_HOOKS
 
     if cfg is None:
-        return {**HOOKS, **SCORING_HOOKS, **PREFILL_SCORING_HOOKS}
+        return {**HOOKS, **SCORING_HOOKS, **PREFILL_SCORING_HOOKS, **PREFILL_EVICTION_HOOKS}
     hooks = dict(HOOKS)
     if cfg.scoring:
         hooks.update(SCORING_HOOKS)
     if cfg.scoring == "prefill":
         hooks.update(PREFILL_SCORING_HOOKS)
+    if cfg.vtoken_prefill_eviction:
+        hooks.update(PREFILL_EVICTION_HOOKS)
     return hooks
 
 

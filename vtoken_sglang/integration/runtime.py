@@ -105,12 +105,14 @@ class VTokenRuntime:
         pending_results: Callable[[], Iterable] = tuple,
         scorer: ScoreCollector | None = None,
         widest_window: int = 0,
+        prefill_chunk: int = 0,
     ):
         """``tree``: SGLang's radix cache when it is on; ``producer``: the forward stream when it is not this
         thread's (overlap scheduler on CUDA: copies wait for the forward in flight); ``prompt_in_tree``: the radix
         cache takes each prompt's whole pages after prefill; ``pending_results``: the overlap scheduler's queued
         (batch, result) pairs; ``scorer``: the score collector the attention hook fills (score policies; built
-        here when not given); ``widest_window``: the model's widest sliding window (0: none)."""
+        here when not given); ``widest_window``: the model's widest sliding window (0: none); ``prefill_chunk``:
+        SGLang's prefill chunk (``--chunked-prefill-size``)."""
         self.cfg = cfg
         self.allocator = allocator
         self.page_size = allocator.page_size
@@ -167,6 +169,7 @@ class VTokenRuntime:
             self.cow is not None and self.cow.allow_copies,
             self.page_size,
             prompt_in_tree,
+            prefill_chunk if self.prefill is not None else 0,
         )
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:

@@ -6,7 +6,8 @@ fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other)
 
 ``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones
 registered only with a score-based policy (a Python call per attention layer per step is not free);
-``PREFILL_SCORING_HOOKS``: only with a policy scored at prefill.
+``PREFILL_SCORING_HOOKS``: only with a policy scored at prefill; ``PREFILL_EVICTION_HOOKS``: only with
+``--vtoken-prefill-eviction`` (the bounds of a prompt at the door and of its chunks).
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ HOOKS = {
     f"{_SCHED}.get_internal_state": ("AFTER", reporting.add_server_info),
     f"{_SCHED}.on_idle": ("AROUND", reporting.settle_at_idle),
     f"{_REPORTER}.report_decode_stats": ("AFTER", reporting.log_decode_metrics),
+}
+PREFILL_EVICTION_HOOKS = {
+    f"{_ADDER}.add_chunked_req": ("AROUND", admission.cap_chunk_by_room),
+    "sglang.srt.managers.tp_worker.TpModelWorker.get_worker_info": ("AFTER", admission.context_bounds_prompts),
+    "sglang.srt.managers.utils.validate_input_length": ("AROUND", admission.refuse_prompt_over_pool),
+    "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.max_new_tokens_for_memory": (
+        "AROUND",
+        admission.keep_new_tokens_by_budget,
+    ),
 }
 SCORING_HOOKS = {
     "sglang.srt.layers.radix_attention.RadixAttention.forward": ("AFTER", forward.keep_scored_query),

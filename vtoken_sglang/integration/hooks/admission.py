@@ -67,10 +67,11 @@ def check_new_by_budget(
     )
     room_now = int(adder.cur_rem_tokens)
     running = len(adder.running_batch.reqs)  # those admitted in this pass have their page charged by upstream
-    if fits and (copy or transient) and not adm.fits_now(room_now, extend_input_len, copy, running):
+    peak = adm.prefill_peak(prompt, prompt - extend_input_len)  # a prompt evicted between chunks: not all of it
+    if fits and (copy or transient) and not adm.fits_now(room_now, peak, copy, running):
         fits, chunk_limit = False, None
     if not fits:
-        adm.refused(total_tokens, own_copy, extend_input_len, transient)
+        adm.refused(total_tokens, own_copy, peak, transient)
     return fits, chunk_limit
 
 
@@ -154,3 +155,75 @@ def leave_scored_window_to_extend(vt: SchedulerProcess, original, req, input_len
     if scorer is None or scorer.prefill_window <= 0:
         return limit
     return max(min(limit, input_len - scorer.prefill_window), 0)
+
+
+def cap_chunk_by_room(vt: SchedulerProcess, original, adder, req):
+    """AROUND ``PrefillAdder.add_chunked_req``: upstream runs a continuation chunk whatever memory is left (a whole
+    chunk when its admission room is spent: "must make progress"), which fails with "Prefill out of memory" when
+    the pool cannot give it. A prompt evicted between its chunks gives memory back after each one, so its next chunk
+    is capped by the room free now (less its tail page's), in whole pages, and waits (upstream's path for a chunk
+    that does not run this pass) while not even a page is free: decode steps go on meanwhile and free room."""
+    rt = vt.runtime
+    limit = adder.rem_chunk_tokens
+    if rt is None or rt.prefill is None or limit is None or not rt.rows.is_managed(req.kv.req_pool_idx):
+        return original(adder, req)
+    P = rt.page_size
+    cap = (int(adder.cur_rem_tokens) - P) // P * P
+    if cap <= 0:
+        return req
+    adder.rem_chunk_tokens = min(limit, cap)
+    try:
+        return original(adder, req)
+    finally:
+        adder.rem_chunk_tokens += limit - min(limit, cap)
+
+
+def context_bounds_prompts(vt: SchedulerProcess, result, worker, *args, **kwargs):
+    """AFTER ``TpModelWorker.get_worker_info`` (``--vtoken-prefill-eviction`` only): upstream bounds a prompt (and
+    a request's length) by the KV pool as well as by the context; a prompt evicted between its prefill chunks
+    holds only its budget and a chunk, so the scheduler's bounds become the context's, and the pool bound is
+    vToken's check of what each prompt will hold (``refuse_prompt_over_pool``)."""
+    info = list(result)
+    info[4] = worker.model_config.context_len - 1  # max_req_len
+    info[5] = info[4] - (result[4] - result[5])  # max_req_input_len, upstream's margin below it
+    return tuple(info)
+
+
+def refuse_prompt_over_pool(vt: SchedulerProcess, original, req, max_req_input_len, *args, **kwargs):
+    """AROUND ``managers.utils.validate_input_length`` (``--vtoken-prefill-eviction`` only): a prompt longer than
+    the KV pool (upstream's bound, ``context_bounds_prompts``) is served when it is evicted between its prefill
+    chunks and what it holds at its peak (its prompt's budget and a chunk, or at its end) fits the pool; otherwise
+    upstream's check with upstream's bound. One error line names the bound it fails."""
+    from vtoken_sglang.integration.parts.prefill_eviction import plain_text
+
+    rt = vt.runtime
+    if rt is None or rt.prefill is None:
+        return original(req, max_req_input_len, *args, **kwargs)
+    n = len(req.origin_input_ids)
+    pool = rt.pool.num_pages * rt.page_size
+    pool_bound = min(max_req_input_len, pool - 6)  # upstream's (``get_worker_info``)
+    adm = rt.admission
+    if n < pool_bound or n >= max_req_input_len or not (plain_text(req) and adm.evicts_in_prefill(n)):
+        return original(req, max_req_input_len if n >= max_req_input_len else pool_bound, *args, **kwargs)
+    final = n + max(req.sampling_params.max_new_tokens or 0, 0)
+    need = max(adm.prefill_peak(n), adm.kept_at_end_of(final)) + rt.page_size
+    if need > pool:
+        return (
+            f"Input length ({n} tokens) evicted between prefill chunks still holds {need} tokens of KV at its peak "
+            f"(its budget, a prefill chunk and a page), more than the KV pool's {pool}: lower --vtoken-budget or "
+            f"--chunked-prefill-size, or raise --max-total-tokens."
+        )
+    return None
+
+
+def keep_new_tokens_by_budget(vt: SchedulerProcess, original, allocator, input_tokens, max_new_tokens, *a, **kw):
+    """AROUND ``BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`` (``--vtoken-prefill-eviction`` only):
+    upstream clips a request's new tokens to what an empty pool holds after its whole prompt (none for a prompt
+    longer than the pool); a prompt evicted between its chunks holds only its budget, which the door checks
+    (``refuse_prompt_over_pool``): its new tokens are not clipped by the pool."""
+    rt = vt.runtime
+    if rt is None or rt.prefill is None or allocator is not rt.allocator:
+        return original(allocator, input_tokens, max_new_tokens, *a, **kw)
+    if not rt.admission.evicts_in_prefill(input_tokens):
+        return original(allocator, input_tokens, max_new_tokens, *a, **kw)
+    return max_new_tokens

@@ -74,6 +74,7 @@ def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None, wi
         pending_results=(lambda: getattr(scheduler, "result_queue", ())) if overlap else tuple,
         scorer=scorer,
         widest_window=widest_window,
+        prefill_chunk=max(scheduler.chunked_prefill_size or 0, 0),
     )
 
 

@@ -81,11 +81,22 @@ def server_policy(cfg: VTokenConfig, page_size: int) -> Policy | None:
 
 
 class Admission:
-    def __init__(self, policy: Policy | None, reclaim: bool, prefix_copies: bool, page_size: int, prompt_in_tree: bool):
+    def __init__(
+        self,
+        policy: Policy | None,
+        reclaim: bool,
+        prefix_copies: bool,
+        page_size: int,
+        prompt_in_tree: bool,
+        chunk: int = 0,
+    ):
         """``reclaim``: evicted tokens' pages are compacted and freed (vToken; off: Naive-Evict).
         ``prefix_copies``: copy-on-write moves a request's live tree-prefix tokens to private pages (and the tree's
-        pages become evictable). ``prompt_in_tree``: the radix cache takes each prompt's whole pages after prefill."""
+        pages become evictable). ``prompt_in_tree``: the radix cache takes each prompt's whole pages after prefill.
+        ``chunk``: the prefill chunk of prompts evicted between their chunks (``--vtoken-prefill-eviction``; 0:
+        off)."""
         self.policy = policy
+        self.chunk = chunk
         self.reclaim = reclaim
         self.prefix_copies = prefix_copies
         self.page_size = page_size
@@ -157,6 +168,26 @@ class Admission:
             return int(self.kept_at_end(np.array([prompt_len + max_new_tokens]))[0]) - extend
         return self.future_kv(prompt_len, prompt_len, max_new_tokens, self.prompt_in_tree_tokens(prompt_len))
 
+    def evicts_in_prefill(self, prompt_len: int, matched: int = 0) -> bool:
+        """Whether a prompt is evicted between its prefill chunks (``parts.prefill_eviction``): eviction between
+        chunks is on, evicted tokens give their pages back (``capped``), its prefill of ``prompt_len - matched``
+        tokens is chunked, and it is over its prompt's budget + slack."""
+        if not self.chunk or not self.capped or prompt_len - matched <= self.chunk:
+            return False
+        return prompt_len > self.kept_at_end_of(prompt_len)
+
+    def prefill_peak(self, prompt_len: int, matched: int = 0) -> int:
+        """The most tokens a request's prefill of ``prompt_len - matched`` tokens holds at once: all of them, or,
+        evicted between its chunks, what its prompt's budget keeps plus a chunk and its tail page's room."""
+        extend = prompt_len - matched
+        if not self.evicts_in_prefill(prompt_len, matched):
+            return extend
+        return min(extend, self.kept_at_end_of(prompt_len) + self.chunk + self.page_size)
+
+    def kept_at_end_of(self, logical_len: int) -> int:
+        """``kept_at_end`` of one request."""
+        return int(self.kept_at_end(np.array([logical_len], dtype=np.int64))[0])
+
     def trims_prompt(self, prompt_len: int, max_new_tokens: int, matched: int = 0) -> bool:
         """Whether a request's first eviction round (its first decode) takes it from its whole prompt down to what it
         keeps at its end and lets its prompt's pages go: its prompt is over ``kept_at_end``, evicted tokens give
@@ -166,6 +197,8 @@ class Admission:
         if not self.capped:
             return False
         keep = int(self.kept_at_end(np.array([prompt_len + max_new_tokens]))[0])
+        if self.evicts_in_prefill(prompt_len, matched):
+            return True  # its chunks never reach the tree, and what it keeps of them is private
         if prompt_len <= keep:
             return False
         protected = max(self.prompt_in_tree_tokens(prompt_len), matched)
@@ -202,7 +235,8 @@ class Admission:
     def new_copy_room(self, prompt_len: int, matched: int, max_new_tokens: int) -> int:
         """``copy_room`` of a request about to be prefilled: the tokens that will sit in locked tree pages after its
         prefill are its prompt's whole pages when the radix cache takes prompts, else the prefix it matched."""
-        protected = max(self.prompt_in_tree_tokens(prompt_len), matched)
+        in_tree = 0 if self.evicts_in_prefill(prompt_len, matched) else self.prompt_in_tree_tokens(prompt_len)
+        protected = max(in_tree, matched)
         return self.copy_room(np.array([protected], dtype=np.int64), np.array([prompt_len + max_new_tokens]))
 
     def fits_now(self, room_now: int, extend: int, copy: int, running: int) -> bool:

@@ -66,6 +66,12 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
             f"{flag('enable_streaming_session')}: streaming sessions (rows kept across requests) are not supported "
             "with vToken"
         )
+    chunk = server_args.chunked_prefill_size
+    if cfg.vtoken_prefill_eviction and chunk is not None and chunk <= 0:
+        raise ConfigError(
+            f"{display('vtoken_prefill_eviction')} evicts between prefill chunks; {flag('chunked_prefill_size')} "
+            f"{chunk} turns chunked prefill off"
+        )
     if server_args.disaggregation_mode not in (None, "null"):
         raise ConfigError(
             f"{flag('disaggregation_mode')} {server_args.disaggregation_mode}: PD disaggregation is not supported "
