@@ -51,8 +51,10 @@ def _additive(visible: torch.Tensor) -> torch.Tensor:
     return torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
 
 
-def load(path: str):
-    """The checkpoint at ``path`` in transformers, float32, eager attention (the mask is applied as given)."""
+def load(path: str, attention: str = "eager"):
+    """The checkpoint at ``path`` in transformers, float32, eager attention (the mask is applied as given), or
+    ``attention="sdpa"`` (the mask is given to SDPA as it is: the same tokens, about three times faster on a
+    prompt of thousands of tokens)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention).eval()
