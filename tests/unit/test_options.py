@@ -92,6 +92,15 @@ BAD_CLI = [
         ["--enable-vtoken", "--vtoken-policy", "h2o", "--vtoken-budget", "512", "--vtoken-score-layers", "x"],
         "--vtoken-score-layers: expected all or a comma-separated list",
     ),
+    (
+        ["--enable-vtoken", "--vtoken-prefill-eviction", "on"],
+        "--vtoken-prefill-eviction needs an eviction policy; --vtoken-policy is none",
+    ),
+    (
+        ["--enable-vtoken", "--vtoken-policy", "streaming", "--vtoken-budget", "512", "--vtoken-prefill-eviction", "on"]
+        + ["--chunked-prefill-size", "-1"],
+        "--vtoken-prefill-eviction evicts between prefill chunks; --chunked-prefill-size -1 turns chunked prefill off",
+    ),
 ]
 
 
