@@ -214,8 +214,10 @@ class VTokenRuntime:
 
     def after_chunk(self, req) -> None:
         """The round between two prefill chunks of ``req`` (taken by ``prefill``): due relocation sources released,
-        its victims evicted, sparse pages packed."""
+        its chunk scored (score policies), its victims evicted, sparse pages packed."""
         self.plans.begin_round()
+        if self.scores is not None:
+            self.scores.observe_chunk(req)
         if self.prefill.after_chunk(req):
             self.stats.prefill_rounds += 1
             self.plans.plan_now()

@@ -6,7 +6,8 @@
 - prefill (snapkv, ``prefill_window`` > 0): each request's last ``prefill_window`` prompt queries, copied out of the
   forward into a ``PrefillWindow``, scored over its prompt causally, summed over the window (``window_scores``).
   Windows wait in arrival order until their batch's results are processed (with SGLang's overlap scheduler that is
-  after the next forward ran), and are taken by the key of their batch (``take_window``).
+  after the next forward ran), and are taken by the key of their batch (``take_window``). A prompt evicted between
+  its prefill chunks finds its chunk's window by its name (``window_of``), under every score policy.
 
 Both are means over all query heads of all TP ranks and over the scored layers. Engine-agnostic: the engine calls
 ``begin_forward`` before each forward, ``keep_query`` from its scored attention layers, and ``scores`` /
@@ -94,6 +95,7 @@ class ScoreCollector:
         self.active = False  # the last decode forward is to be scored (every ``every``-th)
         self.open_window: PrefillWindow | None = None  # the window of the forward running now
         self.windows: deque[PrefillWindow] = deque()  # windows whose results are not processed yet
+        self.last_taken: PrefillWindow | None = None  # the window ``take_window`` gave last
         self.steps_scored = 0
         self.prefill_forwards_scored = 0
 
@@ -192,7 +194,17 @@ class ScoreCollector:
         while self.windows:
             window = self.windows.popleft()
             if window.key == key:
+                self.last_taken = window
                 return window
+        return None
+
+    def window_of(self, name: Hashable) -> tuple[PrefillWindow, int] | None:
+        """The newest window of a prefill forward that extended the request ``name`` (an element of its key), waiting
+        or the one taken last, with the request's index in it; None if there is none. How a prompt evicted between
+        its chunks finds its last chunk's queries, before (overlap scheduler) or after its batch's results."""
+        for window in (*reversed(self.windows), self.last_taken):
+            if window is not None and name in window.key:
+                return window, window.key.index(name)
         return None
 
     def window_scores(

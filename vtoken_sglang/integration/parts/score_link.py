@@ -34,8 +34,14 @@ from vtoken_sglang.integration.parts.request_rows import RequestRows
 from vtoken_sglang.integration.parts.tp_group import TpGroup
 from vtoken_sglang.policies import Policy
 from vtoken_sglang.scoring import ScoreCollector, cpu_kernel
+from vtoken_sglang.scoring.collector import PrefillWindow
 
 logger = logging.getLogger(__name__)
+
+
+CHUNK_WINDOW = 32
+"""Queries that score a prefill chunk's keys for a decode-scored policy (h2o, tova, scissorhands) evicting between
+prefill chunks: the chunk's last ones, an observation window as SnapKV's (snapkv's own: ``--vtoken-window``)."""
 
 
 def make_scorer(cfg: VTokenConfig, num_layers: int, device: str) -> ScoreCollector | None:
@@ -47,12 +53,9 @@ def make_scorer(cfg: VTokenConfig, num_layers: int, device: str) -> ScoreCollect
     prefill = cfg.scoring == "prefill"
     if not prefill and device == "cpu":
         cpu_kernel.load()
+    window = cfg.vtoken_window if prefill else CHUNK_WINDOW if cfg.vtoken_prefill_eviction else 0
     return ScoreCollector(
-        num_layers,
-        cfg.vtoken_score_layers,
-        cfg.vtoken_score_every,
-        decode=not prefill,
-        prefill_window=cfg.vtoken_window if prefill else 0,
+        num_layers, cfg.vtoken_score_layers, cfg.vtoken_score_every, decode=not prefill, prefill_window=window
     )
 
 
@@ -86,6 +89,7 @@ class ScoreLink:
         self.scoring_ms = 0.0  # time spent turning kept queries into scores (decode steps and prefill windows)
         self.dump: list | None = [] if dump else None
         self.prompts_scored = 0
+        self.chunks_scored = 0  # prefill chunks of prompts evicted between chunks, scored before their round
         self.unscored = {"decode": 0, "prefill": 0}  # scored forwards whose layers kept no query
 
     def _missed(self, kind: str, count: int = 1) -> None:
@@ -134,7 +138,7 @@ class ScoreLink:
         if self.scorer.prefill_window == 0:
             return
         window = self.scorer.take_window(batch_key(batch.reqs))
-        if window is None:
+        if window is None or self.scorer.decode:  # a decode-scored policy's windows score chunks only
             return
         if not window.queries:
             self._missed("prefill")
@@ -146,23 +150,48 @@ class ScoreLink:
         scores = self.scorer.window_scores(window, self.kv_pool.get_key_buffer, slots, self.tp.all_reduce, self.tp.size)
         self.scoring_ms += (time.perf_counter() - t0) * 1e3
         # a request's row is its prompt, and (overlap scheduler) the slot of a decode step prepared since
+        # (a prompt evicted between its chunks is managed and compacted from its first: its last chunk ranks it)
         keep = [
             i
             for i, (req, complete) in enumerate(zip(batch.reqs, window.complete))
             if complete
             and not req.finished()
-            and not self.rows.is_managed(rows[i])
+            and (not self.rows.is_managed(rows[i]) or self.rows.host_compacted[rows[i]])
             and req.kv.kv_committed_len - lengths[i] in (0, 1)
         ]
         if not keep:
             return
-        self.rows.manage([batch.reqs[i] for i in keep])
+        new = [batch.reqs[i] for i in keep if not self.rows.is_managed(rows[i])]
+        if new:
+            self.rows.manage(new)
         self.prompts_scored += len(keep)
         if self.dump is not None:
             self.dump.append((list(batch.reqs[keep[0]].origin_input_ids), scores[keep[0]].cpu()))
         block = torch.nn.utils.rnn.pad_sequence([scores[i] for i in keep], batch_first=True)
         kept_rows = torch.tensor([rows[i] for i in keep], dtype=torch.int64, device=block.device)
         self.policy.observe(self.table, kept_rows, block, prefill=True)
+
+    def observe_chunk(self, req) -> None:
+        """Before the round between two prefill chunks of ``req`` (managed): its chunk's window of queries (its last
+        ones) over its live keys, into the policy's state (``Policy.observe`` with ``prefill``)."""
+        found = self.scorer.window_of(req.rid)
+        if found is None:
+            return
+        window, i = found
+        if not window.queries:
+            self._missed("prefill")
+            return
+        t0 = time.perf_counter()
+        if self.producer is not None:  # the chunk's forward may still run on its own stream (overlap, CUDA)
+            torch.cuda.current_stream(self.table.slots.device).wait_stream(self.producer)
+        mine = PrefillWindow(window.key, window.rows, [window.segments[i]], [True], window.queries)
+        row = req.kv.req_pool_idx
+        slots = [self.table.slots[row, : mine.lengths()[0]].to(torch.int64)]
+        scores = self.scorer.window_scores(mine, self.kv_pool.get_key_buffer, slots, self.tp.all_reduce, self.tp.size)
+        self.scoring_ms += (time.perf_counter() - t0) * 1e3
+        rows = torch.tensor([row], dtype=torch.int64, device=scores[0].device)
+        self.policy.observe(self.table, rows, scores[0][None], prefill=True)
+        self.chunks_scored += 1
 
     def metrics(self) -> dict:
         """Counters; checks the decode forwards written on the device against those begun (one device read)."""
@@ -174,6 +203,7 @@ class ScoreLink:
             "scoring_ms": round(self.scoring_ms, 3),
             "steps_scored": self.scorer.steps_scored,
             "prefills_scored": self.prompts_scored,
+            "chunks_scored": self.chunks_scored,
             "steps_unscored": self.unscored["decode"],
             "prefills_unscored": self.unscored["prefill"],
         }
