@@ -6,7 +6,7 @@ Geometries (bf16 KV, page 16): Llama-3.1-8B, Qwen2.5-7B, Mistral-7B at 8K, 32K a
 ``--gpu-gib`` with ``--mem-fraction`` of it for weights and KV (the KV pool gets the rest after the weights). The
 request rows are SGLang 0.5.23's default for that pool and context (``pool_configurator``: tokens / context x 512,
 clamped to [2048, 4096], at most tokens / 2). vToken's bytes are computed by the code that allocates them in the
-server (``runtime.device_bytes`` over a ``TokenTable``, ``PagePool`` and ``RequestRows`` built on the meta
+server (``runtime_metrics.device_bytes`` over a ``TokenTable``, ``PagePool`` and ``RequestRows`` built on the meta
 device: nothing is allocated); the PagePool here keeps a free list, which the server's leaves to SGLang, so the
 figure is an upper bound. A policy's state is a float32 per slot and as many again for the shared prefixes requests
 read (``StateStore``'s first capacity: each request keeps its own state for them; the server grows it only when the
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vtoken_sglang.core.pages import PagePool  # noqa: E402
 from vtoken_sglang.core.token_table import TokenTable  # noqa: E402
+from vtoken_sglang.integration.observe.runtime_metrics import device_bytes  # noqa: E402
 from vtoken_sglang.integration.parts.request_rows import RequestRows  # noqa: E402
-from vtoken_sglang.integration.runtime import device_bytes  # noqa: E402
 from vtoken_sglang.policies import POLICIES, scoring  # noqa: E402
 from vtoken_sglang.scoring.query_buffers import DEFAULT_ROWS, DecodeQueryBuffers  # noqa: E402
 

@@ -36,8 +36,9 @@ def masked_greedy(
         span = torch.where(q < len(prompt), window, decode_span or window)
         mask = {"full_attention": mask, "sliding_attention": _additive(visible & (k > q - span))}
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, **inputs).logits[0]
-    return logits[len(prompt) - 1 :].argmax(-1).tolist()
+        # only the queries whose next token is compared get logits (a long prompt's would take gigabytes)
+        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, logits_to_keep=len(output), **inputs).logits
+    return logits[0, -len(output) :].argmax(-1).tolist()
 
 
 def sliding_window(config) -> int | None:

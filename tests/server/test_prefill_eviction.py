@@ -124,3 +124,48 @@ def test_a_prompt_beyond_the_context_gets_one_error_line_and_the_server_goes_on(
     text = str(answer)
     assert "context length" in text or "maximum allowed length" in text, text
     assert len(r["after"]["output_ids"]) == 4
+
+
+GEMMA_LENGTH, GEMMA_POOL, GEMMA_BUDGET = 10_000, 3072, 1024  # window 512: each round keeps its newest 512
+
+
+@pytest.fixture(scope="module")
+def gemma3_run(gemma3, tmp_path_factory):
+    """The real Gemma-3-270M (15 of 18 layers in a 512-token window, context 32K): one pass-key prompt of 10K
+    tokens on a pool of 3K, streaming at 1K, chunks of 512."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gemma3)
+    ids = [[tok.bos_token_id, *passkey_prompt(tok, GEMMA_LENGTH, random.Random(7), question_first=False).ids]]
+    log = tmp_path_factory.mktemp("victims") / "gemma3.jsonl"
+    args = launcher.default_server_args(GEMMA_POOL) + [
+        "--enable-vtoken",
+        "--vtoken-policy",
+        "streaming",
+        "--vtoken-budget",
+        str(GEMMA_BUDGET),
+        "--vtoken-sinks",
+        str(SINKS),
+        "--vtoken-recent",
+        str(RECENT),
+        "--vtoken-prefill-eviction",
+        "on",
+        "--chunked-prefill-size",
+        str(CHUNK),
+    ]
+    server = launcher.SglangServer(gemma3, args, env={**STRICT, "VTOKEN_SGLANG_VICTIM_LOG": str(log)})
+    return on_servers({"gemma3": server}, lambda name, s: greedy_with_victims(s, name, ids, NEW_TOKENS, log))["gemma3"]
+
+
+def test_gemma3_prompt_over_three_pools_equals_transformers_masked_by_victims_and_window(gemma3_run, gemma3):
+    r = gemma3_run
+    m = r["vtoken"]
+    prompt, output, events = r["prompts"][0], r["outputs"][0], r["events"][0]
+    assert "integrity check failed" not in r["log"] and m["position_mismatches"] == 0, r["log"][-3000:]
+    assert len(prompt) > 3 * GEMMA_POOL and len(output) == NEW_TOKENS
+    assert m["prefill_rounds"] > 0 and GEMMA_BUDGET < m["peak_extend_kv"] <= GEMMA_BUDGET + SLACK + CHUNK, m
+    # each chunk's round (the ones before the prompt's end) kept the newest window: its sliding layers' next window
+    chunk_rounds = [(nxt, evicted) for nxt, evicted in events if nxt < len(prompt)]
+    assert len(chunk_rounds) > 10 and all(max(evicted) < nxt - 512 for nxt, evicted in chunk_rounds)
+    reference = load(gemma3, attention="sdpa")
+    assert output == masked_greedy(reference, prompt, output, events)

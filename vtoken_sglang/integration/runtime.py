@@ -5,8 +5,7 @@ Built once per scheduler (``hooks.scheduler.build_runtime``), it owns one object
   SGLang's allocator; ``policy``; ``reclaimer`` (``core.reclaimer``) with its copy engine;
 - ``rows`` (``request_rows``): which requests are managed, their lengths and positions toward SGLang;
 - ``eviction`` (``eviction``): the round's victims, for the requests over budget + slack (with a policy);
-- ``prefill`` (``prefill_eviction``): the round between two prefill chunks of a long prompt (``--vtoken-prefill-
-  eviction``; the hook on SGLang's stash of a chunked request runs it);
+- ``prefill`` (``prefill_eviction``): the round between two prefill chunks of a prompt (``after_chunk``);
 - ``forward_layout`` (``core.row_layout``): the forward's rows, live and logical lengths and sliding windows, read by
   the forward's hooks (positions, M-RoPE, the backends' windows); built by ``hooks.forward.begin_forward``;
 - ``scores`` (``score_link``): attention scores into the policy's state (score policies only);
@@ -58,6 +57,7 @@ from vtoken_sglang.core.token_table import TokenTable
 from vtoken_sglang.debug_switches import SWITCHES
 from vtoken_sglang.integration.observe.host_reads import HOST_READS, host_array
 from vtoken_sglang.integration.observe.integrity_watch import IntegrityWatch
+from vtoken_sglang.integration.observe.runtime_metrics import device_bytes, kv_pool_bytes
 from vtoken_sglang.integration.observe.stats import RuntimeStats
 from vtoken_sglang.integration.parts.admission import Admission, server_policy
 from vtoken_sglang.integration.parts.eviction import Eviction
@@ -70,22 +70,9 @@ from vtoken_sglang.integration.parts.score_link import ScoreLink, make_scorer
 from vtoken_sglang.integration.parts.tp_group import TpGroup
 from vtoken_sglang.scoring import ScoreCollector
 
-# pages vToken holds back from SGLang's allocator for relocation destinations (reclaim on): with one free page a
-# plan can compact a row's sparse pages and free more, so reclaim under pressure can always start
+# pages held back from SGLang's allocator for relocation destinations: reclaim under pressure can always start
 RELOCATION_RESERVE = 2
 COW_EVERY = 4  # trimming rounds between copy-on-write checks (each walks the tree paths of the managed requests)
-
-
-def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
-    """Device memory vToken allocates beside SGLang's pools: the Token Table's per-slot and per-row metadata, the
-    page pool's per-page arrays, the rows' position offsets. (The row store is SGLang's ``req_to_token``.)"""
-    return table.metadata_bytes() + pool.metadata_bytes() + rows.device_bytes()
-
-
-def kv_pool_bytes(kv_pool) -> int:
-    """Bytes of SGLang's K/V pool (its own count: K and V, scale buffers included)."""
-    size = kv_pool.get_kv_size_bytes()
-    return int(sum(size)) if isinstance(size, tuple) else int(size)
 
 
 class VTokenRuntime:
@@ -163,14 +150,9 @@ class VTokenRuntime:
         self.cow = None
         if tree is not None and cfg.vtoken_cow and self.policy is not None:
             self.cow = PrefixCow(tree, self.table, self.pool, engine, self.page_size, allow_copies=cfg.vtoken_reclaim)
-        self.admission = Admission(
-            self.policy,
-            cfg.vtoken_reclaim,
-            self.cow is not None and self.cow.allow_copies,
-            self.page_size,
-            prompt_in_tree,
-            prefill_chunk if self.prefill is not None else 0,
-        )
+        copies = self.cow is not None and self.cow.allow_copies
+        chunk = prefill_chunk if self.prefill is not None else 0  # admission counts chunk-evicted prompts by it
+        self.admission = Admission(self.policy, cfg.vtoken_reclaim, copies, self.page_size, prompt_in_tree, chunk)
         self.scores = None
         if self.policy is not None and self.policy.needs_scores:
             scorer = scorer or make_scorer(cfg, len(kv_pool.k_buffer), self.table.slots.device.type)
@@ -213,13 +195,12 @@ class VTokenRuntime:
             )
 
     def after_chunk(self, req) -> None:
-        """The round between two prefill chunks of ``req`` (taken by ``prefill``): due relocation sources released,
-        its chunk scored (score policies), its victims evicted, sparse pages packed."""
+        """The round between two prefill chunks of ``req`` (``prefill`` takes it): sources due freed, its chunk
+        scored, its victims evicted, sparse pages packed."""
         self.plans.begin_round()
         if self.scores is not None:
             self.scores.observe_chunk(req)
         if self.prefill.after_chunk(req):
-            self.stats.prefill_rounds += 1
             self.plans.plan_now()
             self.sample_pages()
 

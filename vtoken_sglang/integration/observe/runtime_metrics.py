@@ -1,5 +1,6 @@
 """``metrics(rt)``: one scheduler's vToken metrics as one flat dict, read by the log lines, ``/get_server_info`` and
-Prometheus: the pool's and table's state (one device read), the counters of every part, and the debug counts."""
+Prometheus: the pool's and table's state (one device read), the counters of every part, and the debug counts; and
+the device bytes vToken adds beside SGLang's KV pool (``device_bytes``, ``kv_pool_bytes``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ from vtoken_sglang.integration.observe.hook_timer import TIMER
 from vtoken_sglang.integration.observe.host_reads import HOST_READS
 
 if TYPE_CHECKING:
+    from vtoken_sglang.core.token_table import TokenTable
+    from vtoken_sglang.integration.parts.request_rows import RequestRows
     from vtoken_sglang.integration.runtime import VTokenRuntime
+
+
+def device_bytes(table: TokenTable, pool, rows: RequestRows) -> int:
+    """Device memory vToken allocates beside SGLang's pools: the Token Table's per-slot and per-row metadata, the
+    page pool's per-page arrays, the rows' position offsets. (The row store is SGLang's ``req_to_token``.)"""
+    return table.metadata_bytes() + pool.metadata_bytes() + rows.device_bytes()
+
+
+def kv_pool_bytes(kv_pool) -> int:
+    """Bytes of SGLang's K/V pool (its own count: K and V, scale buffers included)."""
+    size = kv_pool.get_kv_size_bytes()
+    return int(sum(size)) if isinstance(size, tuple) else int(size)
 
 
 def metrics(rt: VTokenRuntime) -> dict:

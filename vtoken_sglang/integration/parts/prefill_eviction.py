@@ -99,5 +99,6 @@ class PrefillEviction:
             self.pool.free(table.evict(vr, vc))
             self.stats.tokens_evicted += n
             self.stats.prefill_tokens_evicted += n
+            self.stats.prefill_rounds += 1
         self.rows.write_request(req)
         return n

@@ -1,0 +1,160 @@
+"""Documents longer than the memory: pass keys in prompts of thousands of tokens, evicted between prefill chunks
+(``--vtoken-prefill-eviction``), against the full cache on a pool that holds the prompts. Not part of the tests.
+
+    .venv/bin/python benchmark/long_prompts.py [--model-path smollm2] [--lengths 4000 8000] [--budgets 512 1024]
+        [--policies streaming random h2o snapkv] [--prompts 4] [--chunk 512] [--pool 2048] [--json PATH]
+
+The load: ``--prompts`` pass-key prompts (``text_tasks``: a 5-digit key at a random depth of filler text, half
+asking first, half at the end) of about each of ``--lengths`` tokens, all sent at once, each decoding its answer
+(``quality.TEXT_ANSWER`` tokens) and ``TAIL`` more, greedy. Runs:
+
+- ``full``: plain SGLang (no vToken) on a pool that holds every prompt of the length at once (``--max-total-tokens``
+  = prompts x (length + answer) + a page each), prefilled in the same chunks;
+- each policy at each ``--budget`` (absolute tokens; sinks ``SINKS``, recent ``RECENT``) with eviction between
+  chunks on a pool of ``--pool`` tokens (by default smaller than one prompt: the prompt cannot be held whole).
+
+Per run: ``accuracy`` (the key in the answer's decoded tokens), ``peak_extend_kv`` (the most KV one request held in
+a prefill chunk's forward: its live tokens and the chunk), ``max_running`` (per decode step, ``--decode-log-interval
+1``), ``retracted``, and ``wall_s`` (the whole load). ``--prefill-time``: one prompt of the longest length alone,
+one new token, full cache against streaming at the first budget: the time to its first token (its prefill), each
+the best of ``PREFILL_REPEATS``.
+
+``--room``: the pass-key load of the earlier benchmark on a pool of exactly its prompts (``--prompts`` at the first
+length, pool = their tokens): vToken evicting at decode only (upstream prefills each prompt whole, its pages in the
+radix tree) against eviction between chunks, h2o at the first budget: the pages in use at the decode steps' peak,
+what was freed (pages reclaimed, tokens evicted at prefill), the most running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+from quality import DECODE, TEXT_ANSWER, Prompt, text_load  # noqa: E402
+from serve_bench import add_model_path, finish, model_path  # noqa: E402
+
+from vtoken_sglang.tools.launcher import SglangServer, default_server_args  # noqa: E402
+
+PAGE = 16
+SINKS, RECENT = 4, 64
+TAIL = 4
+PREFILL_REPEATS = 2
+POLICIES = ("streaming", "random", "h2o", "snapkv")
+
+
+def flags(pool: int, chunk: int, policy: str | None, budget: int | None, prefill: bool = True) -> list[str]:
+    out = default_server_args(pool) + ["--chunked-prefill-size", str(chunk), "--decode-log-interval", "1"]
+    if policy is None:
+        return out
+    out += ["--enable-vtoken", "--vtoken-policy", policy, "--vtoken-budget", str(budget)]
+    out += ["--vtoken-sinks", str(SINKS), "--vtoken-recent", str(RECENT)]
+    return out + (["--vtoken-prefill-eviction", "on"] if prefill else [])
+
+
+def run(model: str, server_flags: list[str], prompts: list[Prompt], new_tokens: int | None = None) -> dict:
+    """Every prompt at once (greedy, ``ignore_eos``); the figures of the module docstring."""
+    import concurrent.futures as cf
+
+    with SglangServer(model, server_flags) as server:
+        start = len(server.log_text())
+
+        def one(p: Prompt) -> dict:
+            n = new_tokens or p.answer_tokens + TAIL
+            body = {"input_ids": p.ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+            return server.post("/generate", body, timeout=7200)
+
+        t0 = time.monotonic()
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:
+            out = list(ex.map(one, prompts))
+        wall = time.monotonic() - t0
+        time.sleep(1)
+        info = server.get("/get_server_info")["internal_states"][0]
+        steps = [(int(r), int(t)) for r, t in DECODE.findall(server.log_text()[start:])]
+    state = info.get("vtoken", {})
+    right = [p.judge(o["output_ids"]) for p, o in zip(prompts, out)]
+    return {
+        "accuracy": round(sum(right) / len(right), 3),
+        "missed": [i for i, r in enumerate(right) if not r],
+        "peak_extend_kv": state.get("peak_extend_kv"),
+        "max_running": max((r for r, _ in steps), default=0),
+        "peak_tokens_in_use": max((t for _, t in steps), default=0),
+        "retracted": sum(o["meta_info"].get("num_retractions", 0) > 0 for o in out),
+        "prefill_tokens_evicted": state.get("prefill_tokens_evicted"),
+        "pages_reclaimed": state.get("pages_reclaimed"),
+        "wall_s": round(wall, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_path(ap, default="smollm2")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[4000, 8000])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--pool", type=int, default=2048, help="the KV pool of the runs that evict (tokens)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefill-time", action="store_true", help="also time one long prompt's prefill")
+    ap.add_argument("--room", action="store_true", help="also the load on a pool of exactly its prompts")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    model = model_path(args.model_path)
+    runs: list[dict] = []
+    for length in args.lengths:
+        load = text_load(model, "passkey", length, args.prompts, args.seed)
+        longest = max(len(p.ids) for p in load.prompts)
+        full_pool = sum(len(p.ids) + TEXT_ANSWER + TAIL + PAGE for p in load.prompts)
+        spec = {"length": length, "longest": longest, "prompts": args.prompts, "chunk": args.chunk}
+        full = run(model, flags(full_pool, args.chunk, None, None), load.prompts)
+        runs.append({**spec, "run": "full", "pool": full_pool, **full})
+        print(runs[-1], flush=True)
+        for budget in args.budgets:
+            for policy in args.policies:
+                result = run(model, flags(args.pool, args.chunk, policy, budget), load.prompts)
+                runs.append({**spec, "run": policy, "budget": budget, "pool": args.pool, **result})
+                print(runs[-1], flush=True)
+    if args.prefill_time:
+        load = text_load(model, "passkey", max(args.lengths), 1, args.seed)
+        n = len(load.prompts[0].ids)
+        for name, server_flags in (
+            ("full", flags(n + 2 * PAGE, args.chunk, None, None)),
+            ("streaming", flags(args.pool, args.chunk, "streaming", args.budgets[0])),
+        ):
+            times = [run(model, server_flags, load.prompts, new_tokens=1)["wall_s"] for _ in range(PREFILL_REPEATS)]
+            runs.append({"run": f"prefill_time_{name}", "length": n, "chunk": args.chunk, "first_token_s": min(times)})
+            print(runs[-1], flush=True)
+    if args.room:
+        load = text_load(model, "passkey", args.lengths[0], args.prompts, args.seed)
+        pool = sum(len(p.ids) for p in load.prompts)
+        for name, prefill in (("room_decode_eviction", False), ("room_prefill_eviction", True)):
+            result = run(model, flags(pool, args.chunk, "h2o", args.budgets[0], prefill), load.prompts)
+            runs.append({"run": name, "length": args.lengths[0], "budget": args.budgets[0], "pool": pool, **result})
+            print(runs[-1], flush=True)
+    print_table(runs)
+    return finish(t0, runs, args.json)
+
+
+def print_table(runs: list[dict]) -> None:
+    print("\n| length | run | budget | pool | accuracy | peak KV in a chunk | max running | retracted | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        if "accuracy" not in r:
+            continue
+        print(
+            f"| {r['longest']} | {r['run']} | {r.get('budget', '-')} | {r['pool']} | {r['accuracy']} | "
+            f"{r['peak_extend_kv'] or '-'} | {r['max_running']} | {r['retracted']} | {r['wall_s']} |"
+        )
+    for r in runs:
+        if "accuracy" not in r:
+            print(f"| {r['length']} | {r['run']} | first token {r['first_token_s']} s |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
