@@ -7,7 +7,9 @@ Every request must be served; the most KV a request held in a chunk's forward (t
 stays within budget + slack + chunk; each request's tokens equal transformers fed the same tokens with the positions
 the victim log says each chunk's round evicted hidden from every later query (``masked_reference``: a chunk round's
 event hides its victims from the next chunk's queries on). A prompt beyond the model's context still gets
-upstream's one error line, and the server goes on serving."""
+upstream's one error line, and the server goes on serving. The real Gemma-3-270M (15 sliding layers, window 512):
+a prompt of 10K tokens on a pool of 3K equals the reference masked by the victims and by the window at logical
+positions, every chunk's round having kept the newest window."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.server
 
 SINKS, RECENT, BUDGET, SLACK, CHUNK, POOL = 4, 64, 1024, 16, 512, 2048
 LENGTHS = (6000, 1500)
+GEMMA_LENGTH, GEMMA_POOL, GEMMA_BUDGET = 10_000, 3072, 1024  # window 512: each round keeps its newest 512
 NEW_TOKENS = 8
 POLICIES = {
     "streaming": [],
@@ -62,9 +65,10 @@ def prompts(smollm2) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(smollm2, prompts, tmp_path_factory):
-    """policy -> {prompts, outputs, events, vtoken, log}: each policy's server, one batch of both prompts; on
-    streaming's, then a prompt beyond the context (``too_long``: its answer), and the short prompt again (``after``)."""
+def runs(smollm2, gemma3, prompts, tmp_path_factory):
+    """policy -> {prompts, outputs, events, vtoken, log}: each policy's SmolLM2 server, one batch of both prompts;
+    on streaming's, then a prompt beyond the context (``too_long``: its answer), and the short prompt again
+    (``after``); ``gemma3``: the Gemma-3 server's run (``gemma3_server``). The servers start together."""
     logs = tmp_path_factory.mktemp("victims")
     servers = {
         name: launcher.SglangServer(
@@ -72,8 +76,11 @@ def runs(smollm2, prompts, tmp_path_factory):
         )
         for name, extra in POLICIES.items()
     }
+    servers["gemma3"], gemma3_prompts = gemma3_server(gemma3, logs / "gemma3.jsonl")
 
     def load_one(name, server):
+        if name == "gemma3":
+            return greedy_with_victims(server, name, gemma3_prompts, NEW_TOKENS, logs / "gemma3.jsonl")
         out = greedy_with_victims(server, name, prompts, NEW_TOKENS, logs / f"{name}.jsonl")
         if name != "streaming":
             return out
@@ -126,18 +133,13 @@ def test_a_prompt_beyond_the_context_gets_one_error_line_and_the_server_goes_on(
     assert len(r["after"]["output_ids"]) == 4
 
 
-GEMMA_LENGTH, GEMMA_POOL, GEMMA_BUDGET = 10_000, 3072, 1024  # window 512: each round keeps its newest 512
-
-
-@pytest.fixture(scope="module")
-def gemma3_run(gemma3, tmp_path_factory):
-    """The real Gemma-3-270M (15 of 18 layers in a 512-token window, context 32K): one pass-key prompt of 10K
-    tokens on a pool of 3K, streaming at 1K, chunks of 512."""
+def gemma3_server(gemma3: str, log) -> tuple[launcher.SglangServer, list[list[int]]]:
+    """The real Gemma-3-270M (15 of 18 layers in a 512-token window, context 32K) evicting between chunks, and its
+    load: one pass-key prompt of 10K tokens on a pool of 3K, streaming at 1K, chunks of 512."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gemma3)
     ids = [[tok.bos_token_id, *passkey_prompt(tok, GEMMA_LENGTH, random.Random(7), question_first=False).ids]]
-    log = tmp_path_factory.mktemp("victims") / "gemma3.jsonl"
     args = launcher.default_server_args(GEMMA_POOL) + [
         "--enable-vtoken",
         "--vtoken-policy",
@@ -153,12 +155,11 @@ def gemma3_run(gemma3, tmp_path_factory):
         "--chunked-prefill-size",
         str(CHUNK),
     ]
-    server = launcher.SglangServer(gemma3, args, env={**STRICT, "VTOKEN_SGLANG_VICTIM_LOG": str(log)})
-    return on_servers({"gemma3": server}, lambda name, s: greedy_with_victims(s, name, ids, NEW_TOKENS, log))["gemma3"]
+    return launcher.SglangServer(gemma3, args, env={**STRICT, "VTOKEN_SGLANG_VICTIM_LOG": str(log)}), ids
 
 
-def test_gemma3_prompt_over_three_pools_equals_transformers_masked_by_victims_and_window(gemma3_run, gemma3):
-    r = gemma3_run
+def test_gemma3_prompt_over_three_pools_equals_transformers_masked_by_victims_and_window(runs, gemma3):
+    r = runs["gemma3"]
     m = r["vtoken"]
     prompt, output, events = r["prompts"][0], r["outputs"][0], r["events"][0]
     assert "integrity check failed" not in r["log"] and m["position_mismatches"] == 0, r["log"][-3000:]
