@@ -19,10 +19,11 @@ a prefill chunk's forward: its live tokens and the chunk), ``max_running`` (per 
 one new token, full cache against streaming at the first budget: the time to its first token (its prefill), each
 the best of ``PREFILL_REPEATS``.
 
-``--room``: the pass-key load of the earlier benchmark on a pool of exactly its prompts (``--prompts`` at the first
-length, pool = their tokens): vToken evicting at decode only (upstream prefills each prompt whole, its pages in the
-radix tree) against eviction between chunks, h2o at the first budget: the pages in use at the decode steps' peak,
-what was freed (pages reclaimed, tokens evicted at prefill), the most running.
+``--room``: ``quality.py``'s 4K pass-key load on a pool of exactly its prompts (``--room-prompts`` prompts at the
+first length, pool = their tokens), where vToken evicting at decode only freed nothing (each prompt prefilled whole,
+its pages in the radix tree, and no room for a first copy-on-write copy): that against eviction between chunks, h2o
+at the last budget: the tokens in use at the decode steps' peak, what was freed (pages reclaimed, tokens evicted at
+prefill), the most running, accuracy.
 """
 
 from __future__ import annotations
@@ -102,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefill-time", action="store_true", help="also time one long prompt's prefill")
     ap.add_argument("--room", action="store_true", help="also the load on a pool of exactly its prompts")
+    ap.add_argument("--room-prompts", type=int, default=8)
+    ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy runs (only the extra figures)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     model = model_path(args.model_path)
     runs: list[dict] = []
-    for length in args.lengths:
+    for length in [] if args.no_accuracy else args.lengths:
         load = text_load(model, "passkey", length, args.prompts, args.seed)
         longest = max(len(p.ids) for p in load.prompts)
         full_pool = sum(len(p.ids) + TEXT_ANSWER + TAIL + PAGE for p in load.prompts)
@@ -131,11 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({"run": f"prefill_time_{name}", "length": n, "chunk": args.chunk, "first_token_s": min(times)})
             print(runs[-1], flush=True)
     if args.room:
-        load = text_load(model, "passkey", args.lengths[0], args.prompts, args.seed)
+        load = text_load(model, "passkey", args.lengths[0], args.room_prompts, args.seed)
         pool = sum(len(p.ids) for p in load.prompts)
+        longest, budget = max(len(p.ids) for p in load.prompts), args.budgets[-1]
         for name, prefill in (("room_decode_eviction", False), ("room_prefill_eviction", True)):
-            result = run(model, flags(pool, args.chunk, "h2o", args.budgets[0], prefill), load.prompts)
-            runs.append({"run": name, "length": args.lengths[0], "budget": args.budgets[0], "pool": pool, **result})
+            result = run(model, flags(pool, args.chunk, "h2o", budget, prefill), load.prompts)
+            runs.append({"run": name, "longest": longest, "budget": budget, "pool": pool, **result})
             print(runs[-1], flush=True)
     print_table(runs)
     return finish(t0, runs, args.json)
