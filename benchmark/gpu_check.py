@@ -30,6 +30,10 @@ Rows (``check  result  figure  unit/notes``), printed as each one finishes:
                   as vToken's FlashInfer hook plans them (each row's suffix ``(w, start)``): the indices point at
                   the live tokens of the logical window; where FlashInfer is installed (CUDA), its decode kernel
                   over them, planned from the exact lengths, equals torch attention (with and without split-KV);
+  ``flashinfer_extend``  ``window_plans.check_extend``: prompts evicted between prefill chunks, each chunk's sliding
+                  layer planned as SGLang's FlashInfer prefill updater plans it over live lengths: the keys are the
+                  live tokens of the chunk's logical windows; with FlashInfer (CUDA), its paged prefill kernel
+                  (causal, ``window_left``) over them equals torch attention masked by logical position;
   ``graph_queries``  ``graph_queries.check``: decode queries written by a captured CUDA graph's replays into the
                   score collector's static buffers equal an eager forward's, scores too, bit for bit (CPU: eager
                   against a per-step capture).
@@ -654,6 +658,25 @@ def check_window_plans(s: Setup) -> Row:
     )
 
 
+def check_extend_plans(s: Setup) -> Row:
+    import window_plans
+
+    r = window_plans.check_extend(s.device)
+    kernel = (
+        f"FlashInfer's prefill equals torch attention, max abs err {r['max_abs_err']:.1e}"
+        if r["kernel"]
+        else "FlashInfer's kernel not run (needs FlashInfer on CUDA)"
+    )
+    return Row(
+        "flashinfer_extend",
+        "ok",
+        f"{r['steps']}",
+        f"chunks x {r['rows']} rows, span {r['span']}, {r['tokens_moved']} tokens relocated: the indices are the "
+        f"live tokens of the chunks' logical windows; {kernel}",
+        data=r,
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- f. CUDA graphs
 
 
@@ -734,6 +757,7 @@ def run_checks(s: Setup) -> list[Row]:
         single("window_scores", check_window, s),
         single("state_per_request", check_state_cells, s),
         single("flashinfer_window", check_window_plans, s),
+        single("flashinfer_extend", check_extend_plans, s),
         guarded_rows("scoring_cost", False, scoring_rows(s)),
         single("graph_queries", check_graph_queries, s),
         guarded_rows("graph_scoring", False, graph_scoring_rows(s)),

@@ -11,6 +11,13 @@ row within ``span`` logical positions (``TokenTable.window_suffix``), gathered i
   own account of what is live), and upstream's window (a row's last ``span`` entries) is not, at some step;
 - with FlashInfer: its paged decode kernel over those indices, planned from the exact lengths, equals attention
   computed in torch over the same keys (random fp16 K/V), with and without split-KV.
+
+``check_extend``: prompts evicted between prefill chunks (each round keeps a row's newest ``SPAN - 1`` entries, as
+``parts.prefill_eviction`` keeps the widest window), each chunk's forward planned as upstream's FlashInfer prefill
+updater plans a sliding layer over live lengths (``tests/extend_plan_check.py`` runs upstream's own updater): the
+keys are each row's last ``window + chunk`` entries, which must be the live tokens of the chunk's logical windows;
+with FlashInfer, its paged prefill kernel (causal, ``window_left``) over them equals torch attention masked by
+logical position.
 """
 
 from __future__ import annotations
@@ -74,6 +81,116 @@ def flashinfer_decode(q, k, v, indptr, indices, split_kv: bool):
     return wrapper.run(q, (k[:, None], v[:, None])).float()
 
 
+def reference_extend(q, k, v, qo_indptr, indptr, indices, q_pos, k_pos) -> torch.Tensor:
+    """Attention of each chunk's queries (``q [tokens, Hq, D]``, logical positions ``q_pos``) over the keys
+    ``indices`` (logical positions ``k_pos``) of their request, within ``SPAN - 1`` positions before and causal, in
+    float32."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    for b in range(len(indptr) - 1):  # a check, not a hot path
+        qs, ks = slice(int(qo_indptr[b]), int(qo_indptr[b + 1])), slice(int(indptr[b]), int(indptr[b + 1]))
+        idx = indices[ks].long()
+        kb = k[idx].float().repeat_interleave(group, 1)
+        vb = v[idx].float().repeat_interleave(group, 1)
+        att = torch.einsum("qhd,nhd->hqn", q[qs].float(), kb) * q.shape[-1] ** -0.5
+        d = q_pos[qs][:, None] - k_pos[ks][None, :]
+        att = att.masked_fill(((d < 0) | (d > SPAN - 1)).to(q.device)[None], float("-inf"))
+        out[qs] = torch.einsum("hqn,nhd->qhd", att.softmax(-1), vb)
+    return out
+
+
+def flashinfer_extend(q, k, v, qo_indptr, indptr, indices):
+    """FlashInfer's paged prefill (pages of one token, NHD, causal, window ``SPAN - 1``) over ``indices``."""
+    import flashinfer
+
+    dev = q.device
+    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    bs = len(indptr) - 1
+    wrapper.plan(
+        qo_indptr.to(dev),
+        indptr.to(dev),
+        indices.to(dev),
+        torch.ones(bs, dtype=torch.int32, device=dev),
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+        1,
+        causal=True,
+        window_left=SPAN - 1,
+        q_data_type=q.dtype,
+        kv_data_type=k.dtype,
+    )
+    return wrapper.run(q, (k[:, None], v[:, None])).float()
+
+
+def check_extend(device: str) -> dict:
+    """Runs the chunks; raises AssertionError on the first wrong key or output. Returns what was checked."""
+    g = torch.Generator().manual_seed(6)
+    eng = KVEngine(num_pages=128, page_size=4, rows=8, max_context=512, reserve=4, device=device)
+    table, rows = eng.table, torch.arange(6)
+    table.open_rows(rows)
+    live: list[list[int]] = [[] for _ in rows]
+    kernel = flashinfer_on(device)
+    if kernel:
+        k, v = (torch.randn(eng.kv[0].shape[0], 2, 64, generator=g).half().to(device) for _ in range(2))
+    worst = 0.0
+    for step in range(STEPS):
+        counts = torch.randint(1, 13, (len(rows),), generator=g)
+        eng.write(rows, counts)
+        for ids, n in zip(live, counts.tolist()):
+            ids.extend(range(ids[-1] + 1 if ids else 0, (ids[-1] + 1 if ids else 0) + n))
+        lens = torch.tensor([len(ids) for ids in live])
+        w = torch.minimum(lens, SPAN - 1 + counts)  # upstream's paged_kernel_lens on a sliding layer
+        indices = gather(table.slots, rows, w, lens - w)
+        keys = [ids[len(ids) - n :] for ids, n in zip(live, w.tolist())]
+        in_window = [[i for i in ids if i >= ids[len(ids) - c] - (SPAN - 1)] for ids, c in zip(live, counts.tolist())]
+        assert keys == in_window, f"step {step}: the rows' last entries are not the chunks' logical windows"
+        got = eng.kv[0][indices.to(device).long()].cpu()
+        want = stamp(torch.repeat_interleave(rows, w), torch.tensor([i for x in keys for i in x]))
+        assert torch.equal(got, want), f"step {step}: the indices are not the live tokens of the windows"
+        if kernel:
+            q = torch.randn(int(counts.sum()), 4, 64, generator=g).half().to(device)
+            q_pos = torch.tensor([i for ids, c in zip(live, counts.tolist()) for i in ids[len(ids) - c :]])
+            k_pos = torch.tensor([i for x in keys for i in x])
+            qo = csr(counts)
+            ref = reference_extend(q, k, v, qo, csr(w), indices.to(device), q_pos, k_pos)
+            err = float((flashinfer_extend(q, k, v, qo, csr(w), indices) - ref).abs().max())
+            assert err < 2e-2, f"step {step}: FlashInfer's prefill differs by {err:.2e}"
+            worst = max(worst, err)
+        vr, vc = [], []  # the round between chunks: a third of each row, never its newest SPAN - 1 entries
+        for row, ids in zip(rows.tolist(), live):
+            cols = torch.randperm(max(len(ids) - (SPAN - 1), 0), generator=g)[: len(ids) // 3].sort().values
+            vr += [row] * len(cols)
+            vc += cols.tolist()
+            for c in reversed(cols.tolist()):
+                del ids[c]
+        eng.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
+        eng.reclaimer.step()
+    eng.reclaimer.release_ready(force=True)
+    eng.check()
+    assert eng.reclaimer.stats.tokens_moved > 0, "nothing relocated: compacted rows were not checked"
+    assert all(ids[0] > 0 for ids in live), "rows were not compacted"
+    moved = eng.reclaimer.stats.tokens_moved
+    return {
+        "steps": STEPS,
+        "rows": len(rows),
+        "span": SPAN,
+        "tokens_moved": moved,
+        "kernel": kernel,
+        "max_abs_err": worst,
+    }
+
+
+def flashinfer_on(device: str) -> bool:
+    """FlashInfer's kernels run here: installed, on CUDA."""
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return device == "cuda"
+
+
 def check(device: str) -> dict:
     """Runs the steps; raises AssertionError on the first wrong key or output. Returns what was checked."""
     g = torch.Generator().manual_seed(5)
@@ -81,12 +198,7 @@ def check(device: str) -> dict:
     table, rows = eng.table, torch.arange(6)
     table.open_rows(rows)
     live: list[list[int]] = [[] for _ in rows]
-    try:
-        import flashinfer  # noqa: F401
-
-        kernel = device == "cuda"
-    except ImportError:
-        kernel = False
+    kernel = flashinfer_on(device)
     if kernel:
         slots = eng.kv[0].shape[0]
         k = torch.randn(slots, 2, 64, generator=g).half().to(device)

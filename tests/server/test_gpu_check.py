@@ -20,6 +20,7 @@ CHECKS = (
     "window_scores",
     "state_per_request",
     "flashinfer_window",
+    "flashinfer_extend",
     "scoring_cost[",
     "graph_queries",
 )
