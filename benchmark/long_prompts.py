@@ -22,13 +22,17 @@ the best of ``PREFILL_REPEATS``.
 ``--room``: ``quality.py``'s 4K pass-key load on a pool of exactly its prompts (``--room-prompts`` prompts at the
 first length, pool = their tokens), where vToken evicting at decode only freed nothing (each prompt prefilled whole,
 its pages in the radix tree, and no room for a first copy-on-write copy): that against eviction between chunks, h2o
-at the last budget: the tokens in use at the decode steps' peak, what was freed (pages reclaimed, tokens evicted at
+at the last budget: the pool's use at prefill and at decode, what was freed (pages reclaimed, tokens evicted at
 prefill), the most running, accuracy.
+
+Per run also ``peak_prefill_usage``: the pool's highest use that SGLang logs at a prefill batch (a fraction), and
+in the table beside it the decode steps' (``peak_tokens_in_use`` over the pool).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -46,6 +50,7 @@ SINKS, RECENT = 4, 64
 TAIL = 4
 PREFILL_REPEATS = 2
 POLICIES = ("streaming", "random", "h2o", "snapkv")
+PREFILL = re.compile(r"Prefill batch, .*?token usage: ([0-9.]+)")
 
 
 def flags(pool: int, chunk: int, policy: str | None, budget: int | None, prefill: bool = True) -> list[str]:
@@ -75,7 +80,9 @@ def run(model: str, server_flags: list[str], prompts: list[Prompt], new_tokens: 
         wall = time.monotonic() - t0
         time.sleep(1)
         info = server.get("/get_server_info")["internal_states"][0]
-        steps = [(int(r), int(t)) for r, t in DECODE.findall(server.log_text()[start:])]
+        log = server.log_text()[start:]
+        steps = [(int(r), int(t)) for r, t in DECODE.findall(log)]
+        prefill_usage = max((float(u) for u in PREFILL.findall(log)), default=0.0)
     state = info.get("vtoken", {})
     right = [p.judge(o["output_ids"]) for p, o in zip(prompts, out)]
     return {
@@ -84,6 +91,7 @@ def run(model: str, server_flags: list[str], prompts: list[Prompt], new_tokens: 
         "peak_extend_kv": state.get("peak_extend_kv"),
         "max_running": max((r for r, _ in steps), default=0),
         "peak_tokens_in_use": max((t for _, t in steps), default=0),
+        "peak_prefill_usage": prefill_usage,
         "retracted": sum(o["meta_info"].get("num_retractions", 0) > 0 for o in out),
         "prefill_tokens_evicted": state.get("prefill_tokens_evicted"),
         "pages_reclaimed": state.get("pages_reclaimed"),
@@ -146,14 +154,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(runs: list[dict]) -> None:
-    print("\n| length | run | budget | pool | accuracy | peak KV in a chunk | max running | retracted | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "length | run | budget | pool | accuracy | peak KV in a chunk | pool used: prefill / decode | max running"
+    print(f"\n| {head} | retracted | wall s |\n" + "|---" * 10 + "|")
     for r in runs:
         if "accuracy" not in r:
             continue
         print(
             f"| {r['longest']} | {r['run']} | {r.get('budget', '-')} | {r['pool']} | {r['accuracy']} | "
-            f"{r['peak_extend_kv'] or '-'} | {r['max_running']} | {r['retracted']} | {r['wall_s']} |"
+            f"{r['peak_extend_kv'] or '-'} | {r.get('peak_prefill_usage', '-')} / "
+            f"{r['peak_tokens_in_use'] / r['pool']:.2f} | "
+            f"{r['max_running']} | {r['retracted']} | {r['wall_s']} |"
         )
     for r in runs:
         if "accuracy" not in r:
