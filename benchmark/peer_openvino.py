@@ -24,7 +24,10 @@ decoded tokens). OpenVINO's full cache and SGLang plain once, then each ``--budg
 eviction, Naive-Evict and vToken. Per run: ``accuracy`` (and the prompts ``missed``, by index), the most running, the
 peak and the mean share of the pool in use (OpenVINO: its cache usage averaged over all its steps, prompt chunks
 included; SGLang: the pages held over its decode steps, ``mean_held_pages``, times the page over the pool), and
-SGLang's retractions (OpenVINO's metrics count no preemptions: ``-``).
+SGLang's retractions (OpenVINO's metrics count no preemptions: ``-``). ``--prefill-chunk N``: also ``vt+chunk``,
+vToken with ``--vtoken-prefill-eviction on`` and chunks of N tokens (a prompt evicted to its budget after each
+chunk, admitted by budget + chunk rather than its prompt; OpenVINO's eviction skips prefill, its cache may exceed
+the limit there); its tokens differ from Naive-Evict's by design (later chunks see fewer tokens).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from vtoken_sglang.tools.launcher import SglangServer, started_together  # noqa:
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = "h2o"  # OpenVINO's eviction scores like H2O (attention summed over steps)
 MODES = ("plain", "naive", "vtoken")  # SGLang's runs (plain: no eviction, no budget)
+CHUNKED = "vt+chunk"  # vToken evicting between prefill chunks (passkey, with --prefill-chunk)
 SEEDS = {"sharegpt": 1, "passkey": 0}  # --seed's default per task (passkey: quality.py's)
 Judge = Callable[[list[int]], bool]  # output ids -> the prompt answered exactly
 
@@ -96,8 +100,8 @@ def openvino_run(args, load: Load, budget: int | None) -> dict:
 
 
 def sglang_runs(args, model: str, load: Load, budget: int, modes: tuple[str, ...] = MODES) -> list[dict]:
-    """SGLang's ``modes`` (Naive-Evict and vToken: h2o at ``budget`` tokens), started together, loads one after the
-    other."""
+    """SGLang's ``modes`` (Naive-Evict and vToken: h2o at ``budget`` tokens; ``CHUNKED``: vToken evicting between
+    prefill chunks of ``--prefill-chunk`` tokens), started together, loads one after the other."""
     ns = argparse.Namespace(
         budget=budget,
         budget_ratio=None,
@@ -107,10 +111,19 @@ def sglang_runs(args, model: str, load: Load, budget: int, modes: tuple[str, ...
         output_len=max(load.output_lens),
         dataset=args.task,
     )
+    chunked = ["--vtoken-prefill-eviction", "on", "--chunked-prefill-size", str(args.prefill_chunk)]
     configs = [(mode, None if mode == "plain" else POLICY) for mode in modes]
-    servers = [SglangServer(model, mode_flags(ns, mode, policy, 0.0)) for mode, policy in configs]
+    servers = [
+        SglangServer(model, mode_flags(ns, "vtoken", policy, 0.0) + chunked)
+        if mode == CHUNKED
+        else SglangServer(model, mode_flags(ns, mode, policy, 0.0))
+        for mode, policy in configs
+    ]
     with started_together(*servers):
-        runs = [measure(s, ns, load, mode, policy, 0.0) for s, (mode, policy) in zip(servers, configs)]
+        runs = [
+            {**measure(s, ns, load, "vtoken" if mode == CHUNKED else mode, policy, 0.0), "mode": mode}
+            for s, (mode, policy) in zip(servers, configs)
+        ]
     return [{"engine": "sglang", **r} for r in runs]
 
 
@@ -166,12 +179,14 @@ def mean_usage(run: dict, pool: int) -> float:
 
 
 def passkey_runs(args, model: str, load: Load) -> list[dict]:
-    """OpenVINO's full cache, then its eviction at each ``--budget``; SGLang plain, Naive-Evict and vToken at the
-    first budget (started together), then Naive-Evict and vToken at each further one."""
+    """OpenVINO's full cache, then its eviction at each ``--budget``; SGLang plain, Naive-Evict and vToken (and with
+    ``--prefill-chunk`` vToken evicting between chunks) at the first budget (started together), then the evicting
+    ones at each further budget."""
     runs = [openvino_run(args, load, None)] + [openvino_run(args, load, budget) for budget in args.budget]
-    runs += sglang_runs(args, model, load, args.budget[0])
+    chunked = (CHUNKED,) if args.prefill_chunk else ()
+    runs += sglang_runs(args, model, load, args.budget[0], MODES + chunked)
     for budget in args.budget[1:]:
-        runs += sglang_runs(args, model, load, budget, ("naive", "vtoken"))
+        runs += sglang_runs(args, model, load, budget, ("naive", "vtoken") + chunked)
     return runs
 
 
@@ -218,11 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, nargs="+", default=[160], help=budget_help)
     ap.add_argument("--seed", type=int, help="sharegpt: bench_serving's --seed (default 1); passkey: quality's (0)")
     ap.add_argument("--context", type=int, default=quality.CONTEXT, help="passkey: prompt tokens at most")
+    chunk_help = "passkey: also vToken evicting between prefill chunks of this many tokens at each budget"
+    ap.add_argument("--prefill-chunk", type=int, help=chunk_help)
     ap.add_argument("--json", type=Path)
     add_dataset_args(ap)
     args = ap.parse_args(argv)
     if args.task == "sharegpt" and len(args.budget) > 1:
         ap.error("--task sharegpt takes one --budget")
+    if args.task == "sharegpt" and args.prefill_chunk:
+        ap.error("--prefill-chunk is for --task passkey")
     args.seed = SEEDS[args.task] if args.seed is None else args.seed
     args.ir = (
         args.ir
