@@ -9,7 +9,9 @@ asking first, half at the end) of about each of ``--lengths`` tokens, all sent a
 (``quality.TEXT_ANSWER`` tokens) and ``TAIL`` more, greedy. Runs:
 
 - ``full``: plain SGLang (no vToken) on a pool that holds every prompt of the length at once (``--max-total-tokens``
-  = prompts x (length + answer) + a page each), prefilled in the same chunks;
+  = prompts x (length + answer) + a page each), prefilled in the same chunks; with ``--full transformers``,
+  ``full_transformers``: transformers' greedy answers instead (where a full-cache server prefills too slowly here:
+  Gemma-3 at 16K on torch_native takes minutes a chunk);
 - each policy at each ``--budget`` (absolute tokens; sinks ``SINKS``, recent ``RECENT``) with eviction between
   chunks on a pool of ``--pool`` tokens (by default smaller than one prompt: the prompt cannot be held whole).
 
@@ -99,6 +101,29 @@ def run(model: str, server_flags: list[str], prompts: list[Prompt], new_tokens: 
     }
 
 
+def full_in_transformers(model: str, prompts: list[Prompt]) -> dict:
+    """The full cache's answers from transformers instead of a server (``--full transformers``: where the server's
+    full-cache prefill of the length is too slow here): greedy, float32, SDPA, one prompt at a time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    t0, right = time.monotonic(), []
+    for p in prompts:
+        with torch.inference_mode():
+            out = lm.generate(torch.tensor([p.ids]), max_new_tokens=p.answer_tokens + TAIL, do_sample=False)
+        right.append(p.judge(out[0, len(p.ids) :].tolist()))
+    return {
+        "accuracy": round(sum(right) / len(right), 3),
+        "missed": [i for i, r in enumerate(right) if not r],
+        "peak_extend_kv": None,
+        "max_running": 1,
+        "peak_tokens_in_use": 0,
+        "retracted": 0,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_path(ap, default="smollm2")
@@ -113,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--room", action="store_true", help="also the load on a pool of exactly its prompts")
     ap.add_argument("--room-prompts", type=int, default=8)
     ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy runs (only the extra figures)")
+    full_help = "the full-cache run: a server on a pool that holds the prompts, or transformers (no pool)"
+    ap.add_argument("--full", choices=("server", "transformers"), default="server", help=full_help)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -123,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         longest = max(len(p.ids) for p in load.prompts)
         full_pool = sum(len(p.ids) + TEXT_ANSWER + TAIL + PAGE for p in load.prompts)
         spec = {"length": length, "longest": longest, "prompts": args.prompts, "chunk": args.chunk}
-        full = run(model, flags(full_pool, args.chunk, None, None), load.prompts)
-        runs.append({**spec, "run": "full", "pool": full_pool, **full})
+        if args.full == "transformers":
+            runs.append({**spec, "run": "full_transformers", "pool": 0, **full_in_transformers(model, load.prompts)})
+        else:
+            full = run(model, flags(full_pool, args.chunk, None, None), load.prompts)
+            runs.append({**spec, "run": "full", "pool": full_pool, **full})
         print(runs[-1], flush=True)
         for budget in args.budgets:
             for policy in args.policies:
@@ -162,7 +192,7 @@ def print_table(runs: list[dict]) -> None:
         print(
             f"| {r['longest']} | {r['run']} | {r.get('budget', '-')} | {r['pool']} | {r['accuracy']} | "
             f"{r['peak_extend_kv'] or '-'} | {r.get('peak_prefill_usage', '-')} / "
-            f"{r['peak_tokens_in_use'] / r['pool']:.2f} | "
+            f"{r['peak_tokens_in_use'] / max(r['pool'], 1):.2f} | "
             f"{r['max_running']} | {r['retracted']} | {r['wall_s']} |"
         )
     for r in runs:
