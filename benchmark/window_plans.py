@@ -136,10 +136,7 @@ def check_extend(device: str) -> dict:
         k, v = (torch.randn(eng.kv[0].shape[0], 2, 64, generator=g).half().to(device) for _ in range(2))
     worst = 0.0
     for step in range(STEPS):
-        counts = torch.randint(1, 13, (len(rows),), generator=g)
-        eng.write(rows, counts)
-        for ids, n in zip(live, counts.tolist()):
-            ids.extend(range(ids[-1] + 1 if ids else 0, (ids[-1] + 1 if ids else 0) + n))
+        counts = eng.append_live(rows, live, g, most=12)
         lens = torch.tensor([len(ids) for ids in live])
         w = torch.minimum(lens, SPAN - 1 + counts)  # upstream's paged_kernel_lens on a sliding layer
         indices = gather(table.slots, rows, w, lens - w)
@@ -158,14 +155,7 @@ def check_extend(device: str) -> dict:
             err = float((flashinfer_extend(q, k, v, qo, csr(w), indices) - ref).abs().max())
             assert err < 2e-2, f"step {step}: FlashInfer's prefill differs by {err:.2e}"
             worst = max(worst, err)
-        vr, vc = [], []  # the round between chunks: a third of each row, never its newest SPAN - 1 entries
-        for row, ids in zip(rows.tolist(), live):
-            cols = torch.randperm(max(len(ids) - (SPAN - 1), 0), generator=g)[: len(ids) // 3].sort().values
-            vr += [row] * len(cols)
-            vc += cols.tolist()
-            for c in reversed(cols.tolist()):
-                del ids[c]
-        eng.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
+        eng.evict_live(rows, live, g, evict_one_in=3, keep_newest=SPAN - 1)  # the round between chunks
         eng.reclaimer.step()
     eng.reclaimer.release_ready(force=True)
     eng.check()

@@ -137,11 +137,7 @@ def main() -> int:
     checked = dict.fromkeys(plans, 0)
     evicted = 0
     for step in range(STEPS):
-        counts = torch.randint(1, 13, (len(rows),), generator=g)  # the chunk, longer than the window at times
-        eng.write(rows, counts)
-        for ids, n in zip(live, counts.tolist()):
-            first = ids[-1] + 1 if ids else 0
-            ids.extend(range(first, first + n))
+        counts = eng.append_live(rows, live, g, most=12)  # the chunk, longer than the window at times
         lens = torch.tensor([len(ids) for ids in live], dtype=torch.int32)  # the batch's live seq_lens
         prefix = lens - counts.to(torch.int32)  # its live prefix_lens
         pool_rows = rows.to(torch.int64)
@@ -161,16 +157,9 @@ def main() -> int:
                 print(f"step {step}: {wrong}", file=sys.stderr)
                 return 1
             checked[name] += len(rows)
-        vr, vc = [], []  # the round between chunks: a third of each row, never its newest WINDOW entries
-        for row, ids in zip(rows.tolist(), live):
-            older = max(len(ids) - WINDOW, 0)
-            cols = torch.randperm(older, generator=g)[: len(ids) // 3].sort().values.tolist()
-            vr += [row] * len(cols)
-            vc += cols
-            for c in reversed(cols):
-                del ids[c]
-        evicted += len(vc)
-        eng.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
+        before = sum(len(ids) for ids in live)
+        eng.evict_live(rows, live, g, evict_one_in=3, keep_newest=WINDOW)  # the round between chunks
+        evicted += before - sum(len(ids) for ids in live)
         eng.reclaimer.step()
     eng.reclaimer.release_ready(force=True)
     eng.check()

@@ -202,6 +202,33 @@ class TokenTable(RowReads, Registration):
         assert col < n and int(logical[col]) == logical_id, "token is not live"
         return self.evict(torch.tensor([row]), torch.tensor([col]))
 
+    def truncate(self, rows: torch.Tensor, logical_end: torch.Tensor) -> torch.Tensor:
+        """Roll requests back: drop each row ``rows[i]``'s live entries at logical positions ``>= logical_end[i]``
+        (its newest: the tokens of a turn that is undone) and make ``logical_end[i]`` its next logical position, so
+        that its next tokens take those positions again. Rows unique; each keeps at least one entry, and no end is
+        past its row's logical length. Returns the private pages left empty; the caller frees them. Entries sit in
+        column order within a row's own page (appends and relocations fill pages in order), so the slots after the
+        new last entry in its page are the dropped ones': the tail-page rule holds after."""
+        self.settle()
+        if rows.numel() == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.slots.device)
+        rows, end = rows.to(torch.int64), logical_end.to(torch.int64).to(self.slots.device)
+        assert bool((end <= self.logical_len[rows]).all()), "truncate past a row's logical length"
+        live = self.live_len[rows]
+        width = int(live.max())
+        valid = torch.arange(width, device=rows.device)[None, :] < live[:, None]
+        keep = valid & (self.row_logical(rows, width).to(torch.int64) < end[:, None])
+        kept = keep.sum(1)
+        assert bool((kept >= 1).all()), "a truncated row keeps at least one entry"
+        r, c = torch.nonzero(valid & ~keep, as_tuple=True)
+        victims = self.slots[rows[r], c].to(torch.int64)
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # the identity on kept columns
+        self.states.compact_rows(rows, width, keep, order)
+        self.live_len[rows] = kept
+        self.logical_len[rows] = end
+        self.readers.index_add_(0, victims, torch.full_like(victims, -1, dtype=torch.int32))
+        return self.pages.add_live(victims, -1)
+
     # ------------------------------------------------------------------ relocation (internal)
 
     def apply_moves(self, rows: torch.Tensor, cols: torch.Tensor, new_slots: torch.Tensor) -> None:

@@ -89,20 +89,37 @@ class KVEngine:
         """One step of a load whose live tokens the caller keeps its own account of (``live[i]``: the live logical
         ids of request ``rows[i]``, in order): every request appends 1-8 tokens, loses ``len // evict_one_in`` of
         its entries at random (never its newest), and the reclaimer takes a step; ``live`` follows."""
-        counts = torch.randint(1, 9, (len(rows),), generator=g)
+        self.append_live(rows, live, g)
+        self.evict_live(rows, live, g, evict_one_in)
+        self.reclaimer.step()
+
+    def append_live(self, rows: torch.Tensor, live: list[list[int]], g: torch.Generator, most: int = 8) -> torch.Tensor:
+        """1 to ``most`` new tokens per request, at its next logical positions; ``live`` follows. The counts."""
+        counts = torch.randint(1, most + 1, (len(rows),), generator=g)
+        firsts = self.table.logical_len[rows].tolist()
         self.write(rows, counts)
-        for ids, n in zip(live, counts.tolist()):
-            first = ids[-1] + 1 if ids else 0
+        for ids, first, n in zip(live, firsts, counts.tolist()):
             ids.extend(range(first, first + n))
+        return counts
+
+    def evict_live(
+        self, rows: torch.Tensor, live: list[list[int]], g: torch.Generator, evict_one_in: int, keep_newest: int = 1
+    ) -> None:
+        """``len // evict_one_in`` of each request's entries at random, never among its ``keep_newest`` newest;
+        ``live`` follows."""
         vr, vc = [], []
         for row, ids in zip(rows.tolist(), live):
-            cols = torch.randperm(len(ids) - 1, generator=g)[: len(ids) // evict_one_in].sort().values.tolist()
+            older = max(len(ids) - keep_newest, 0)
+            cols = torch.randperm(older, generator=g)[: len(ids) // evict_one_in].sort().values.tolist()
             vr += [row] * len(cols)
             vc += cols
             for c in reversed(cols):
                 del ids[c]
         self.evict(torch.tensor(vr, dtype=torch.int64), torch.tensor(vc, dtype=torch.int64))
-        self.reclaimer.step()
+
+    def truncate(self, rows: torch.Tensor, logical_end: torch.Tensor) -> None:
+        """Roll requests ``rows`` back to ``logical_end`` (``TokenTable.truncate``) and free the pages emptied."""
+        self.pool.free(self.table.truncate(rows, logical_end))
 
     def close(self, row: int) -> None:
         """End request ``row``: its pages go back to the pool."""
