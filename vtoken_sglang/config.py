@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vtoken_sglang.option_fields import Option, describe, option
 from vtoken_sglang.option_values import (
     optional,
     parse_bool,
@@ -40,49 +41,11 @@ class ConfigError(ValueError):
     """An invalid vToken option or combination; ``str(err)`` is the one line shown to the user."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """One user-facing option, derived from its ``VTokenConfig`` field: name, default, CLI help, a parser from the
-    raw (str or typed) value, the policies it belongs to, and a further check of the parsed value (the reason it
-    is refused, '' if fine; ``PolicyOption.check``)."""
-
-    name: str
-    default: Any
-    help: str
-    parse: Callable[[Any], Any]
-    policies: tuple[str, ...]
-    check: Callable[[Any], str] | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def is_switch(self) -> bool:
-        """A flag without a value (``--enable-vtoken``): an option that is True or False."""
-        return self.parse is parse_bool
-
-
 def _parse_policy(value: Any) -> str:
     """A built-in policy's name, or ``package.module:ClassName`` (a ``Policy`` subclass, loaded at validation)."""
     if isinstance(value, str) and (value in POLICIES or ":" in value):
         return value
     raise ValueError(f"expected one of {', '.join(POLICIES)}, or {EXTERNAL_POLICY}; got {value!r}")
-
-
-def option(
-    default: Any,
-    help: str,
-    parse: Callable[[Any], Any],
-    policies: tuple[str, ...] = POLICIES,
-    check: Callable[[Any], str] | None = None,
-) -> Any:
-    """A ``VTokenConfig`` field that is a user-facing option: its default, CLI help (without the default, which is
-    appended), parser, the policies it belongs to (set to anything but its default with another policy, it is
-    an error), and its further check (``Option.check``)."""
-    return dataclasses.field(
-        default=default, metadata={"help": help, "parse": parse, "policies": policies, "check": check}
-    )
 
 
 def policy_field(name: str) -> str:
@@ -278,20 +241,12 @@ class VTokenConfig(_PolicyOptions):
         )
 
 
-def _describe(default: Any, parse: Callable[[Any], Any]) -> str:
-    if default is None:
-        return ""
-    if parse is parse_on_off:
-        return f" Default: {'on' if default else 'off'}."
-    return "" if parse is parse_bool else f" Default: {default}."
-
-
 _POLICY_FIELDS = {policy_field(name) for name in POLICY_OPTIONS}
 OPTIONS: tuple[Option, ...] = tuple(  # the engine's options first, then the policies' (help and error order)
     Option(
         f.name,
         f.default,
-        f.metadata["help"] + _describe(f.default, f.metadata["parse"]),
+        f.metadata["help"] + describe(f.default, f.metadata["parse"]),
         f.metadata["parse"],
         f.metadata["policies"],
         f.metadata["check"],
