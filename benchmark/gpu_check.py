@@ -638,15 +638,18 @@ def check_state_cells(s: Setup) -> Row:
     )
 
 
+def flashinfer_note(r: dict, kernel: str) -> str:
+    """What a ``window_plans`` check says of FlashInfer's ``kernel`` (run only where FlashInfer is, on CUDA)."""
+    if not r["kernel"]:
+        return "FlashInfer's kernel not run (needs FlashInfer on CUDA)"
+    return f"FlashInfer's {kernel} equals torch attention, max abs err {r['max_abs_err']:.1e}"
+
+
 def check_window_plans(s: Setup) -> Row:
     import window_plans
 
     r = window_plans.check(s.device)
-    kernel = (
-        f"FlashInfer's decode equals torch attention, max abs err {r['max_abs_err']:.1e}"
-        if r["kernel"]
-        else "FlashInfer's kernel not run (needs FlashInfer on CUDA)"
-    )
+    kernel = flashinfer_note(r, "decode")
     return Row(
         "flashinfer_window",
         "ok",
@@ -662,11 +665,7 @@ def check_extend_plans(s: Setup) -> Row:
     import window_plans
 
     r = window_plans.check_extend(s.device)
-    kernel = (
-        f"FlashInfer's prefill equals torch attention, max abs err {r['max_abs_err']:.1e}"
-        if r["kernel"]
-        else "FlashInfer's kernel not run (needs FlashInfer on CUDA)"
-    )
+    kernel = flashinfer_note(r, "prefill")
     return Row(
         "flashinfer_extend",
         "ok",

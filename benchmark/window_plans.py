@@ -47,44 +47,13 @@ def gather(slots: torch.Tensor, rows: torch.Tensor, w: torch.Tensor, start: torc
 def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor):
     """Attention of one query per request (``q [bs, Hq, D]``) over the keys ``indices[indptr[b]:indptr[b+1]]`` of
     ``k, v [slots, Hkv, D]``, in float32."""
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    group = q.shape[1] // k.shape[1]
-    for b in range(len(indptr) - 1):  # a check, not a hot path
-        idx = indices[int(indptr[b]) : int(indptr[b + 1])].long()
-        kb = k[idx].float().repeat_interleave(group, 1)
-        vb = v[idx].float().repeat_interleave(group, 1)
-        att = torch.einsum("hd,nhd->hn", q[b].float(), kb) * q.shape[-1] ** -0.5
-        out[b] = torch.einsum("hn,nhd->hd", att.softmax(-1), vb)
-    return out
+    return reference_extend(q, k, v, csr(torch.ones(len(indptr) - 1, dtype=torch.int64)), indptr, indices)
 
 
-def flashinfer_decode(q, k, v, indptr, indices, split_kv: bool):
-    """FlashInfer's paged decode (pages of one token, NHD) over ``indices``, planned from ``indptr``."""
-    import flashinfer
-
-    dev = q.device
-    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=dev)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-    bs = len(indptr) - 1
-    wrapper.plan(
-        indptr.to(dev),
-        indices.to(dev),
-        torch.ones(bs, dtype=torch.int32, device=dev),
-        q.shape[1],
-        k.shape[1],
-        q.shape[2],
-        1,
-        data_type=k.dtype,
-        q_data_type=q.dtype,
-        disable_split_kv=not split_kv,
-    )
-    return wrapper.run(q, (k[:, None], v[:, None])).float()
-
-
-def reference_extend(q, k, v, qo_indptr, indptr, indices, q_pos, k_pos) -> torch.Tensor:
-    """Attention of each chunk's queries (``q [tokens, Hq, D]``, logical positions ``q_pos``) over the keys
-    ``indices`` (logical positions ``k_pos``) of their request, within ``SPAN - 1`` positions before and causal, in
-    float32."""
+def reference_extend(q, k, v, qo_indptr, indptr, indices, q_pos=None, k_pos=None) -> torch.Tensor:
+    """Attention of each request's queries ``q[qo_indptr[b]:qo_indptr[b+1]]`` (``q [tokens, Hq, D]``) over its keys
+    ``indices[indptr[b]:indptr[b+1]]`` of ``k, v [slots, Hkv, D]``, in float32; with the logical positions
+    ``q_pos``/``k_pos``, each query sees only the keys within ``SPAN - 1`` positions before it, causally."""
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[1]
     for b in range(len(indptr) - 1):  # a check, not a hot path
@@ -93,29 +62,42 @@ def reference_extend(q, k, v, qo_indptr, indptr, indices, q_pos, k_pos) -> torch
         kb = k[idx].float().repeat_interleave(group, 1)
         vb = v[idx].float().repeat_interleave(group, 1)
         att = torch.einsum("qhd,nhd->hqn", q[qs].float(), kb) * q.shape[-1] ** -0.5
-        d = q_pos[qs][:, None] - k_pos[ks][None, :]
-        att = att.masked_fill(((d < 0) | (d > SPAN - 1)).to(q.device)[None], float("-inf"))
+        if q_pos is not None:
+            d = q_pos[qs][:, None] - k_pos[ks][None, :]
+            att = att.masked_fill(((d < 0) | (d > SPAN - 1)).to(q.device)[None], float("-inf"))
         out[qs] = torch.einsum("hqn,nhd->qhd", att.softmax(-1), vb)
     return out
+
+
+def paged_plan_args(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor) -> tuple:
+    """A FlashInfer paged wrapper's plan arguments over ``indices`` (pages of one token): indptr, indices, last page
+    lengths, query heads, KV heads, head dim, page size."""
+    dev = q.device
+    ones = torch.ones(len(indptr) - 1, dtype=torch.int32, device=dev)
+    return indptr.to(dev), indices.to(dev), ones, q.shape[1], k.shape[1], q.shape[2], 1
+
+
+def flashinfer_decode(q, k, v, indptr, indices, split_kv: bool):
+    """FlashInfer's paged decode (pages of one token, NHD) over ``indices``, planned from ``indptr``."""
+    import flashinfer
+
+    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=q.device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(
+        *paged_plan_args(q, k, indptr, indices), data_type=k.dtype, q_data_type=q.dtype, disable_split_kv=not split_kv
+    )
+    return wrapper.run(q, (k[:, None], v[:, None])).float()
 
 
 def flashinfer_extend(q, k, v, qo_indptr, indptr, indices):
     """FlashInfer's paged prefill (pages of one token, NHD, causal, window ``SPAN - 1``) over ``indices``."""
     import flashinfer
 
-    dev = q.device
-    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=dev)
+    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=q.device)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-    bs = len(indptr) - 1
     wrapper.plan(
-        qo_indptr.to(dev),
-        indptr.to(dev),
-        indices.to(dev),
-        torch.ones(bs, dtype=torch.int32, device=dev),
-        q.shape[1],
-        k.shape[1],
-        q.shape[2],
-        1,
+        qo_indptr.to(q.device),
+        *paged_plan_args(q, k, indptr, indices),
         causal=True,
         window_left=SPAN - 1,
         q_data_type=q.dtype,
