@@ -187,10 +187,15 @@ class TokenTable(RowReads, Registration):
         keep = torch.arange(width, device=rows.device)[None, :] < self.live_len[affected][:, None]
         keep[inverse, cols] = False
         assert int(self.live_len[affected].sum() - keep.sum()) == len(cols), "duplicate victims"
+        return self._drop(affected, width, keep, victims)
+
+    def _drop(self, rows: torch.Tensor, width: int, keep: torch.Tensor, victims: torch.Tensor) -> torch.Tensor:
+        """Keep the ``[k, width]`` columns ``keep`` of ``rows`` (compacted stably, with their policy state) and let
+        go of the entries in slots ``victims``; the private pages left empty."""
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept columns first, in order
-        self.slots[affected, :width] = torch.gather(self.slots[affected, :width], 1, order)
-        self.states.compact_rows(affected, width, keep, order)
-        self.live_len[affected] = keep.sum(1)
+        self.slots[rows, :width] = torch.gather(self.slots[rows, :width], 1, order)
+        self.states.compact_rows(rows, width, keep, order)
+        self.live_len[rows] = keep.sum(1)
         self.readers.index_add_(0, victims, torch.full_like(victims, -1, dtype=torch.int32))
         return self.pages.add_live(victims, -1)
 
@@ -218,16 +223,10 @@ class TokenTable(RowReads, Registration):
         width = int(live.max())
         valid = torch.arange(width, device=rows.device)[None, :] < live[:, None]
         keep = valid & (self.row_logical(rows, width).to(torch.int64) < end[:, None])
-        kept = keep.sum(1)
-        assert bool((kept >= 1).all()), "a truncated row keeps at least one entry"
+        assert bool(keep[:, 0].all()), "a truncated row keeps at least one entry"
         r, c = torch.nonzero(valid & ~keep, as_tuple=True)
-        victims = self.slots[rows[r], c].to(torch.int64)
-        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # the identity on kept columns
-        self.states.compact_rows(rows, width, keep, order)
-        self.live_len[rows] = kept
         self.logical_len[rows] = end
-        self.readers.index_add_(0, victims, torch.full_like(victims, -1, dtype=torch.int32))
-        return self.pages.add_live(victims, -1)
+        return self._drop(rows, width, keep, self.slots[rows[r], c].to(torch.int64))
 
     # ------------------------------------------------------------------ relocation (internal)
 
