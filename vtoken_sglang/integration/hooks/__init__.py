@@ -1,6 +1,6 @@
 """The serving hooks: registered only in scheduler processes of a server started with ``--enable-vtoken``, each
 named by the job it does and kept in a module by the part of SGLang it hooks (``scheduler``, ``allocation``,
-``forward``, ``windows``, ``admission``, ``reporting``). Every hook is given its process's slot as its first
+``forward``, ``windows``, ``admission``, ``reporting``, ``sessions``). Every hook is given its process's slot as its first
 argument when it is registered (``process.bind``) and reads its runtime there; every target is listed,
 fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other).
 
@@ -12,7 +12,7 @@ registered only with a score-based policy (a Python call per attention layer per
 
 from __future__ import annotations
 
-from vtoken_sglang.integration.hooks import admission, allocation, forward, reporting, scheduler, windows
+from vtoken_sglang.integration.hooks import admission, allocation, forward, reporting, scheduler, sessions, windows
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
@@ -20,6 +20,7 @@ _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 _FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
 _ATTN = "sglang.srt.layers.attention"
 _REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+_SESSION = "sglang.srt.session.streaming_session.StreamingSession"
 HOOKS = {
     f"{_SCHED}.__init__": ("AROUND", scheduler.build_runtime),
     "sglang.srt.layers.radix_attention.RadixAttention.__init__": ("AFTER", scheduler.refuse_unsupported_layer),
@@ -59,6 +60,13 @@ HOOKS = {
     f"{_SCHED}.get_internal_state": ("AFTER", reporting.add_server_info),
     f"{_SCHED}.on_idle": ("AROUND", reporting.settle_at_idle),
     f"{_REPORTER}.report_decode_stats": ("AFTER", reporting.log_decode_metrics),
+    f"{_SESSION}.try_match_prefix": ("AROUND", sessions.lend_parked_row),
+    f"{_SESSION}.release_session": ("AROUND", sessions.release_parked_row),
+    "sglang.srt.managers.scheduler_components.pool_stats_observer.SchedulerPoolStatsObserver.session_held_tokens": (
+        "AROUND",
+        sessions.count_parked_pages,
+    ),
+    f"{_SCHED}.flush_cache": ("AROUND", sessions.drop_parked_on_flush),
 }
 PREFILL_EVICTION_HOOKS = {
     f"{_ADDER}.add_chunked_req": ("AROUND", admission.cap_chunk_by_room),

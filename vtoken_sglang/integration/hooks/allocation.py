@@ -64,15 +64,37 @@ def count_decode_pages(vt: SchedulerProcess, original, batch, selected_indices=N
 
 
 def release_request(vt: SchedulerProcess, original, req, tree_cache, *args, **kwargs):
-    """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken."""
+    """AROUND ``mem_cache.common.release_kv_cache``: a managed request's pages are released by vToken, but for a
+    streaming session's turn that finishes or is retracted on its session's record: upstream keeps the record for
+    the next turn, and its row stays managed (``RequestRows.park``, down to the turn's committed tokens)."""
     rt = vt.runtime
     if rt is not None and req.kv.req_pool_idx is not None:
-        rt.rows.forget(req.kv.req_pool_idx)
+        row = req.kv.req_pool_idx
+        rt.rows.forget(row)
         if rt.cow is not None:
-            rt.cow.forget(req.kv.req_pool_idx)
-        if rt.rows.is_managed(req.kv.req_pool_idx):
-            rt.rows.release(req)
+            rt.cow.forget(row)
+        if rt.rows.is_managed(row):
+            end = _kept_by_session(req, tree_cache)
+            if end is None:
+                rt.rows.release(req)
+            else:
+                rt.rows.park(req, end)
     return original(req, tree_cache, *args, **kwargs)
+
+
+def _kept_by_session(req, tree_cache) -> int | None:
+    """The logical length upstream's streaming session commits for ``req`` when it keeps the request's record
+    (a turn on its session's record that finishes or is retracted: ``StreamingSession.try_cache_finished_req``);
+    None when the record is released with the request (no session, or an aborted turn)."""
+    session = getattr(tree_cache, "session", None)
+    if session is None or session.borrowed_slot(req) is None:
+        return None
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    if isinstance(req.finished_reason, FINISH_ABORT):
+        return None
+    done = req.finished_len if req.finished_len is not None else len(req.output_ids)
+    return len(req.origin_input_ids) + done
 
 
 def register_decode_slots(vt: SchedulerProcess, original, batch, *args, **kwargs):

@@ -1,7 +1,8 @@
 """``IntegrityWatch``: the core's full integrity check (I1-I4 and page accounting against SGLang's allocator) in
 the running server, with ``VTOKEN_SGLANG_CHECK_INTEGRITY=1``: after every ``VTOKEN_SGLANG_CHECK_INTEGRITY_EVERY``-th
 trimming round (default 8) and whenever the scheduler goes fully idle after work. At idle it also requires that
-no request is managed any more and that vToken tracks no page but relocation sources awaiting release. Each check
+no request is managed any more but the rows streaming sessions hold between turns (parked), and that vToken tracks
+no page but theirs and relocation sources awaiting release. Each check
 also compares ``RequestRows``' host mirrors (managed rows, offsets, tail positions) with the device state. A
 violation is logged and raised (``IntegrityError``): the scheduler stops, loudly. Off: nothing runs."""
 
@@ -49,12 +50,15 @@ class IntegrityWatch:
         self.checked_at_step = self.stats.decode_steps
         self._check("idle")
         pool = self.table.pages
-        self._require(not bool(self.table.active.any()), "idle", "a request is still managed at idle")
-        pending = self.reclaimer.pending_pages()
+        parked = self.rows.parked_rows()
+        managed = np.flatnonzero(self.table.active.cpu().numpy())
+        self._require(np.array_equal(managed, parked), "idle", "a request is still managed at idle")
+        pending, held = self.reclaimer.pending_pages(), self.rows.owned_pages(parked)
         self._require(
-            pool.used_pages() == pending,
+            pool.used_pages() == pending + held,
             "idle",
-            f"{pool.used_pages()} pages tracked at idle, {pending} of them awaiting release (leak)",
+            f"{pool.used_pages()} pages tracked at idle, {pending} of them awaiting release and {held} held by "
+            "streaming sessions (leak)",
         )
 
     def _check(self, where: str) -> None:

@@ -1,7 +1,8 @@
 """Debug: every eviction decision of a scheduler as JSON lines, for references that replay what the model saw.
 
 ``VTOKEN_SGLANG_VICTIM_LOG=PATH``: each eviction round appends, per request it evicted from, one line
-``{"rid", "tp_rank", "next_position", "evicted"}``: ``evicted`` holds the logical positions of the tokens made
+``{"rid", "tp_rank", "next_position", "evicted"}`` (and ``"session"`` for a streaming session's turn, whose
+positions are the conversation's: a session's lines read together, ``read(..., by="session")``): ``evicted`` holds the logical positions of the tokens made
 dead, ``next_position`` the logical position of the row's next token (the first query that no longer sees them).
 So the query at logical position ``q`` of request ``rid`` attends to every position ``<= q`` except those evicted
 on lines with ``next_position <= q`` (prompt and decode tokens alike). Off by default: the lines cost device reads
@@ -29,17 +30,22 @@ def record(reqs: list, rows: torch.Tensor, next_positions: torch.Tensor, vr: tor
     for req, row, nxt in zip(reqs, rows.tolist(), next_positions.tolist()):
         evicted = sorted(logical[vr == row].tolist())
         if evicted:
-            lines.append({"rid": req.rid, "tp_rank": rank, "next_position": nxt, "evicted": evicted})
+            line = {"rid": req.rid, "tp_rank": rank, "next_position": nxt, "evicted": evicted}
+            session = getattr(req, "session", None)
+            if session is not None and session.streaming:
+                line["session"] = session.session_id
+            lines.append(line)
     with open(SWITCHES.victim_log, "a") as f:
         f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
-def read(path: str | os.PathLike, tp_rank: int = 0) -> dict[str, list[tuple[int, list[int]]]]:
-    """rid -> ``[(next_position, evicted), ...]`` in round order, as ``tp_rank`` wrote them."""
+def read(path: str | os.PathLike, tp_rank: int = 0, by: str = "rid") -> dict[str, list[tuple[int, list[int]]]]:
+    """rid (``by="session"``: session id, turns of no session left out) -> ``[(next_position, evicted), ...]`` in
+    round order, as ``tp_rank`` wrote them."""
     events: dict[str, list[tuple[int, list[int]]]] = {}
     with open(path) as f:
         for line in f:
             e = json.loads(line)
-            if e["tp_rank"] == tp_rank:
-                events.setdefault(e["rid"], []).append((e["next_position"], e["evicted"]))
+            if e["tp_rank"] == tp_rank and by in e:
+                events.setdefault(e[by], []).append((e["next_position"], e["evicted"]))
     return events

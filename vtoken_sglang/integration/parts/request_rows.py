@@ -55,6 +55,7 @@ class RequestRows:
         self.host_offset = np.zeros(n, dtype=np.int64)
         self.host_tail_pos = np.zeros(n, dtype=np.int64)
         self.host_compacted = np.zeros(n, dtype=bool)  # managed and evicted at least once: not insertable
+        self.host_parked = np.zeros(n, dtype=bool)  # managed, held by a streaming session between its turns
         # the logical length at which a row may first be over budget + slack (0: check at the next round)
         self.host_due = np.zeros(n, dtype=np.int64)
         self.quiet_rounds = 0  # rounds from now in which no batch row is due (``skip_check``)
@@ -160,10 +161,12 @@ class RequestRows:
         and let upstream release it (and insert it into the tree). A compacted row: free its private pages here
         and leave SGLang nothing of the row to free past the tree prefix (its segment free assumes a dense row).
         Without a tree prefix (radix cache off, or a prompt shorter than a page) SGLang asserts that a row it
-        still holds is not empty: it gets one page of the request to free itself, as a one-slot row."""
+        still holds is not empty: it gets one page of the request to free itself, as a one-slot row. ``req``: a
+        request, or a streaming session's record (``.kv``)."""
         row = req.kv.req_pool_idx
         pages = self.table.close_row(row)
         self.n_managed -= 1
+        self.host_parked[row] = False
         self.offset[row] = 0
         self.host_active[row] = False
         self.host_offset[row] = 0
@@ -179,6 +182,64 @@ class RequestRows:
             keep = 1
         self.pool.free(pages)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = keep
+
+    def park(self, req, end: int) -> None:
+        """A streaming session's turn on managed row ``req.kv.req_pool_idx`` (the session's record) ends: the row
+        stays managed, compacted as it is, with its tokens' logical positions and policy state, for the session's
+        next turn (``unpark``). Its KV past logical position ``end`` (the turn's committed tokens) is dropped; its
+        live length is written into the record."""
+        row = req.kv.req_pool_idx
+        if int(self.table.logical_len[row]) > end:
+            self.truncate_row(row, end)
+        self.host_parked[row] = True
+        self.write_request(req)
+
+    def unpark(self, req, end: int) -> int:
+        """The next turn of a parked row's session borrows its record: its KV past logical position ``end`` (what
+        the turn's prompt does not repeat) is dropped. Returns the row's logical length, where the turn's new tokens
+        start (its prefix length to SGLang); its live length is written into the record."""
+        row = req.kv.req_pool_idx
+        self.host_parked[row] = False
+        logical = int(self.table.logical_len[row])
+        if logical > end:
+            self.truncate_row(row, end)
+            logical = end
+        self.write_request(req)
+        return logical
+
+    def truncate_row(self, row: int, end: int) -> None:
+        """Roll managed ``row`` back to logical position ``end`` (``TokenTable.truncate``): emptied private pages
+        freed, the host mirrors read back (its tail: the last live slot's in-page position when its page is the
+        row's own, else the page's end, so that the next token opens a page)."""
+        dev = self.req_to_token.device
+        rows = torch.tensor([row], dtype=torch.int64, device=dev)
+        self.pool.free(self.table.truncate(rows, torch.tensor([end], dtype=torch.int64, device=dev)))
+        last = self.req_to_token[row, self.table.live_len[row] - 1].to(torch.int64)
+        own = self.pool.owner[last // self.page_size] == row
+        tail = torch.where(own, last % self.page_size, torch.full_like(last, self.page_size - 1))
+        self.host_tail_pos[row] = int(tail)
+        self.host_due[row] = 0
+
+    def drop_parked(self) -> None:
+        """SGLang clears its pools (a cache flush, fully idle): the parked rows stop being tracked, their pages
+        cleared with the allocator."""
+        for row in self.parked_rows().tolist():
+            self.pool.disown(self.table.close_row(row))
+            self.n_managed -= 1
+            self.offset[row] = 0
+            self.host_active[row] = self.host_parked[row] = self.host_compacted[row] = False
+            self.host_offset[row] = 0
+
+    def parked_rows(self) -> np.ndarray:
+        """Rows held by streaming sessions between turns (managed, no request running on them)."""
+        return np.flatnonzero(self.host_parked)
+
+    def owned_pages(self, rows: np.ndarray) -> int:
+        """Pages the managed ``rows`` own (tracked here; a tree prefix's pages are the tree's)."""
+        if len(rows) == 0:
+            return 0
+        owners = torch.from_numpy(rows.astype(np.int64)).to(self.pool.owner.device)
+        return int(torch.isin(self.pool.owner, owners.to(self.pool.owner.dtype)).sum())
 
     def sync_decode(self, layout: RowLayout) -> None:
         """``prepare_for_decode`` wrote one new slot per managed request of its batch (``layout``) at column

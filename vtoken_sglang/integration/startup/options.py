@@ -117,7 +117,6 @@ _CHECKED_FIELDS = {
     "enable_hierarchical_cache": False,
     "enable_unified_memory": False,
     "disaggregation_mode": "null",
-    "enable_streaming_session": False,
     "attention_backend": None,
     "decode_attention_backend": None,
     "prefill_attention_backend": None,

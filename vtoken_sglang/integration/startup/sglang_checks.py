@@ -61,11 +61,6 @@ def check_sglang_args(server_args: Any, cfg: VTokenConfig, display, log: bool = 
         raise ConfigError(f"{flag('enable_hierarchical_cache')}: HiCache is not supported with vToken")
     if server_args.enable_unified_memory:
         raise ConfigError(f"{flag('enable_unified_memory')}: unified memory is not supported with vToken")
-    if getattr(server_args, "enable_streaming_session", False):
-        raise ConfigError(
-            f"{flag('enable_streaming_session')}: streaming sessions (rows kept across requests) are not supported "
-            "with vToken"
-        )
     chunk = server_args.chunked_prefill_size
     if cfg.vtoken_prefill_eviction and chunk is not None and chunk <= 0:
         raise ConfigError(

@@ -1,0 +1,101 @@
+"""Hooks on SGLang's streaming sessions (``--enable-streaming-session``): a session's KV record is one row that
+its turns borrow in turn (``session.streaming_session.StreamingSession``). Under vToken, once the row is managed it
+stays managed across turns: between turns it is *parked* (``RequestRows.park``), compacted, with its tokens'
+logical positions and policy state; the next turn extends it from its logical length (its prefix length to
+SGLang; ``hooks.allocation.extend_over_live_rows`` gives the batch the live one), so a conversation holds its
+budget, not its history, and each turn prefills only its own tokens. Rows that are not managed take upstream's
+path throughout.
+
+A turn that is aborted hands the record back to its request, which is released like any request (upstream's
+rule: the session's next turn prefills its last finished history again, from the tree prefix it matches). Closing a
+session (or its timeout) releases exactly the row's pages."""
+
+from __future__ import annotations
+
+from vtoken_sglang.integration.process import SchedulerProcess
+
+
+def _lent_managed_row(rt, session, req) -> int | None:
+    """The managed row ``session`` is about to lend ``req`` (a streaming turn, not aborted), if any."""
+    if rt is None or rt.rows.n_managed == 0 or not session.will_lend_record(req):
+        return None
+    row = session.slots[req.session.session_id].kv.req_pool_idx
+    return row if rt.rows.is_managed(row) else None
+
+
+def lend_parked_row(vt: SchedulerProcess, original, session, params):
+    """AROUND ``StreamingSession.try_match_prefix``: a turn borrowing a parked (managed) row matches the session's
+    logical length ``L0`` (``RequestRows.unpark``; KV past the turn's key dropped first), not the record's live
+    length: upstream is given a record that reads ``L0`` held, so its prefix is ``L0`` and its tail free frees
+    nothing, and the record is written back live after it. The turn's ``Req`` is logical (``prefix_len`` = ``L0``)
+    and its row live, as a prompt between prefill chunks."""
+    rt = vt.runtime
+    req = params.req
+    row = _lent_managed_row(rt, session, req)
+    if row is None:
+        return original(session, params)
+    kv = session.slots[req.session.session_id].kv
+    logical = rt.rows.unpark(_Record(kv), len(params.key))
+    live = kv.kv_committed_len
+    kv.kv_committed_len = kv.kv_allocated_len = logical
+    try:
+        result = original(session, params)
+    finally:
+        kv.kv_committed_len = kv.kv_allocated_len = live
+    return result
+
+
+def release_parked_row(vt: SchedulerProcess, original, session, session_id: str):
+    """AROUND ``StreamingSession.release_session`` (close, timeout): a managed row's pages are released by vToken
+    (``RequestRows.release``: upstream's segment free assumes a dense row); upstream then unlocks the session's tree
+    prefix and frees what the record leaves it."""
+    rt = vt.runtime
+    slot = session.slots.get(session_id)
+    if rt is not None and slot is not None and slot.kv.holds_kv:
+        row = slot.kv.req_pool_idx
+        rt.rows.forget(row)
+        if rt.cow is not None:
+            rt.cow.forget(row)
+        if rt.rows.is_managed(row):
+            rt.rows.release(_Record(slot.kv))
+    return original(session, session_id)
+
+
+def count_parked_pages(vt: SchedulerProcess, original, observer):
+    """AROUND ``SchedulerPoolStatsObserver.session_held_tokens``: upstream counts a session's record as a dense row
+    (its allocated length in whole pages, less its tree prefix); a parked row holds the pages it owns."""
+    rt = vt.runtime
+    if rt is None or rt.rows.n_managed == 0:
+        return original(observer)
+    records = [kv for kv in observer.tree_cache.session_records().values() if kv.holds_kv]
+    managed = [kv for kv in records if rt.rows.is_managed(kv.req_pool_idx)]
+    if not managed:
+        return original(observer)
+    import numpy as np
+
+    from sglang.srt.managers.scheduler_components.pool_stats_observer import kv_private_tokens
+
+    P = observer.tree_cache.page_size
+    dense = sum(kv_private_tokens(kv, P) for kv in records if not rt.rows.is_managed(kv.req_pool_idx))
+    rows = np.fromiter((kv.req_pool_idx for kv in managed), dtype=np.int64, count=len(managed))
+    return dense + rt.rows.owned_pages(rows) * P
+
+
+def drop_parked_on_flush(vt: SchedulerProcess, original, scheduler, *args, **kwargs):
+    """AROUND ``Scheduler.flush_cache``: a flush (only when fully idle) drops every session and clears SGLang's
+    pools; vToken stops tracking the parked rows first (their pages are cleared with the allocator)."""
+    rt = vt.runtime
+    if rt is None or rt.rows.n_managed == 0 or not scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
+        return original(scheduler, *args, **kwargs)
+    rt.release_before_idle()
+    rt.rows.drop_parked()
+    return original(scheduler, *args, **kwargs)
+
+
+class _Record:
+    """A session's KV record seen as a request (``RequestRows`` reads only ``req.kv``)."""
+
+    __slots__ = ("kv",)
+
+    def __init__(self, kv):
+        self.kv = kv
