@@ -1,7 +1,7 @@
 """The serving hooks: registered only in scheduler processes of a server started with ``--enable-vtoken``, each
 named by the job it does and kept in a module by the part of SGLang it hooks (``scheduler``, ``allocation``,
-``forward``, ``windows``, ``admission``, ``reporting``, ``sessions``). Every hook is given its process's slot as its first
-argument when it is registered (``process.bind``) and reads its runtime there; every target is listed,
+``forward``, ``windows``, ``admission``, ``reporting``, ``sessions``). Every hook is given its process's slot as its
+first argument when it is registered (``process.bind``) and reads its runtime there; every target is listed,
 fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other).
 
 ``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones

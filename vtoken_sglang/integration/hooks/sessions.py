@@ -12,6 +12,8 @@ session (or its timeout) releases exactly the row's pages."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from vtoken_sglang.integration.process import SchedulerProcess
 
 
@@ -71,8 +73,6 @@ def count_parked_pages(vt: SchedulerProcess, original, observer):
     managed = [kv for kv in records if rt.rows.is_managed(kv.req_pool_idx)]
     if not managed:
         return original(observer)
-    import numpy as np
-
     from sglang.srt.managers.scheduler_components.pool_stats_observer import kv_private_tokens
 
     P = observer.tree_cache.page_size

@@ -1,12 +1,13 @@
 """Debug: every eviction decision of a scheduler as JSON lines, for references that replay what the model saw.
 
 ``VTOKEN_SGLANG_VICTIM_LOG=PATH``: each eviction round appends, per request it evicted from, one line
-``{"rid", "tp_rank", "next_position", "evicted"}`` (and ``"session"`` for a streaming session's turn, whose
-positions are the conversation's: a session's lines read together, ``read(..., by="session")``): ``evicted`` holds the logical positions of the tokens made
+``{"rid", "tp_rank", "next_position", "evicted"}``: ``evicted`` holds the logical positions of the tokens made
 dead, ``next_position`` the logical position of the row's next token (the first query that no longer sees them).
 So the query at logical position ``q`` of request ``rid`` attends to every position ``<= q`` except those evicted
-on lines with ``next_position <= q`` (prompt and decode tokens alike). Off by default: the lines cost device reads
-and a Python loop over the trimmed requests.
+on lines with ``next_position <= q`` (prompt and decode tokens alike). A streaming session's turn adds
+``"session"``: its positions are the conversation's, and a session's lines are read together
+(``read(..., by="session")``). Off by default: the lines cost device reads and a Python loop over the trimmed
+requests.
 """
 
 from __future__ import annotations
