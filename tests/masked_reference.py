@@ -41,6 +41,21 @@ def masked_greedy(
     return logits[0, -len(output) :].argmax(-1).tolist()
 
 
+def masked_greedy_turns(model, turns: list[tuple[list[int], list[int]]], events: list[tuple[int, list[int]]]) -> list:
+    """``masked_greedy`` of every turn of one conversation at once: ``turns`` are ``(prompt, output)`` pairs, each
+    prompt the conversation before its turn's answer (so each is a prefix of the last turn's ``prompt + output``);
+    one forward over the last turn's sequence gives every turn's greedy tokens (full-attention models)."""
+    prompt, output = turns[-1]
+    seq = prompt + output[:-1]
+    visible = torch.ones(len(seq), len(seq), dtype=torch.bool).tril()
+    for next_position, evicted in events:
+        visible[next_position:, evicted] = False
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([seq]), attention_mask=_additive(visible)).logits[0]
+    greedy = logits.argmax(-1).tolist()
+    return [greedy[len(p) - 1 : len(p) - 1 + len(o)] for p, o in turns]
+
+
 def sliding_window(config) -> int | None:
     """The window of the model's sliding layers (positions a query sees, itself included), or None."""
     if "sliding_attention" in (getattr(config, "layer_types", None) or ()):

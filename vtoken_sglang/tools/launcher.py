@@ -219,7 +219,8 @@ class SglangServer:
             self.url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
         )
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+            body = r.read()
+        return json.loads(body) if body.strip() else None  # some endpoints (``/close_session``) answer nothing
 
     def get(self, path: str, timeout: float = 60.0) -> Any:
         return json.loads(self.get_text(path, timeout))

@@ -55,7 +55,7 @@ HOOKS = {
     f"{_ADDER}._get_running_request_total_token_offset": ("AROUND", admission.cap_running_reservation),
     f"{_ADDER}._update_prefill_budget": ("AROUND", admission.cap_new_reservation),
     f"{_ADDER}._check_prefill_budget": ("AROUND", admission.check_new_by_budget),
-    f"{_ADDER}.add_one_req": ("AROUND", admission.admit_ignore_eos_by_budget),
+    f"{_ADDER}.add_one_req": ("AROUND", admission.admit_by_budget),
     f"{_BATCH}.check_decode_mem": ("AROUND", admission.reclaim_before_retract),
     f"{_SCHED}.get_internal_state": ("AFTER", reporting.add_server_info),
     f"{_SCHED}.on_idle": ("AROUND", reporting.settle_at_idle),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vtoken_sglang.integration.parts.admission import RequestLengths
+from vtoken_sglang.integration.parts.request_lengths import RequestLengths
 from vtoken_sglang.integration.process import SchedulerProcess
 
 if TYPE_CHECKING:
@@ -28,10 +28,15 @@ def cap_new_reservation(
 ):
     """AROUND ``PrefillAdder._update_prefill_budget``: a new request reserves for decode only what its eviction
     budget lets it keep beyond the prompt, and a prompt its first round trims reserves, beyond the pass's prefill,
-    only what it keeps at its end (``Admission.new_request_kv``: negative then)."""
+    only what it keeps at its end (``Admission.new_request_kv``: negative then); a streaming session's turn, what it
+    keeps beyond what its session's record holds (``Admission.turn_kv``)."""
     rt = vt.runtime
     if rt is not None and rt.policy is not None and max_new_tokens > 0:
-        max_new_tokens = rt.admission.new_request_kv(prefix_len + extend_input_len, max_new_tokens, extend_input_len)
+        adm, prompt = rt.admission, prefix_len + extend_input_len
+        if adm.turn is not None:  # a streaming session's turn (``admit_by_budget``)
+            max_new_tokens = adm.turn_kv(*adm.turn, prompt, max_new_tokens, extend_input_len)
+        else:
+            max_new_tokens = adm.new_request_kv(prompt, max_new_tokens, extend_input_len)
     return original(adder, prefix_len, extend_input_len, max_new_tokens, *args, **kwargs)
 
 
@@ -56,10 +61,16 @@ def check_new_by_budget(
     adm = rt.admission
     prompt = len(req.full_untruncated_fill_ids)
     max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
-    transient = max_new > 0 and adm.trims_prompt(prompt, max_new, prompt - extend_input_len)
+    if adm.turn is not None:  # a streaming session's turn: its record holds the rest; sessions never copy
+        transient = max_new > 0 and adm.turn_trims(*adm.turn, prompt, max_new, extend_input_len)
+        charge = adm.turn_kv(*adm.turn, prompt, max_new, extend_input_len)
+        own_copy = 0
+    else:
+        transient = max_new > 0 and adm.trims_prompt(prompt, max_new, prompt - extend_input_len)
+        charge = adm.new_request_kv(prompt, max_new, extend_input_len)
+        own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
     if max_new > 0:
-        total_tokens -= max_new - adm.new_request_kv(prompt, max_new, extend_input_len)
-    own_copy = adm.new_copy_room(prompt, req.prefix_len, req.sampling_params.max_new_tokens)
+        total_tokens -= max_new - charge
     others = [*adder.running_batch.reqs, *adder.can_run_list]
     copy = max(own_copy, adm.running_copy_room(copy_pending(rt, others))) if others else 0  # alone: as upstream
     fits, chunk_limit = original(
@@ -113,12 +124,27 @@ def copy_pending(rt: VTokenRuntime, reqs: list) -> list:
     compacted = rt.rows.host_compacted
     waiting = rt.cow.waiting if rt.cow is not None else ()
     return [
-        r for r in reqs if r.kv.req_pool_idx is None or not compacted[r.kv.req_pool_idx] or r.kv.req_pool_idx in waiting
+        r
+        for r in reqs
+        if session_turn(r) is None
+        and (r.kv.req_pool_idx is None or not compacted[r.kv.req_pool_idx] or r.kv.req_pool_idx in waiting)
     ]
 
 
-def admit_ignore_eos_by_budget(vt: SchedulerProcess, original, adder, req, *args, **kwargs):
-    """AROUND ``PrefillAdder.add_one_req``: with the radix cache off, upstream admits an ``ignore_eos`` request
+def session_turn(req) -> tuple[int, int] | None:
+    """``(held, protected)`` of a streaming session's turn running on its session's record (lent at its match: its
+    live length, and its tokens in the tree pages of the session's first prompt), else None. Such a turn never
+    copies its prefix (the session holds its tree lock)."""
+    session = getattr(req, "session", None)
+    if session is None or not session.streaming or not req.kv.holds_kv:
+        return None
+    return req.kv.kv_committed_len, req.kv.cache_protected_len
+
+
+def admit_by_budget(vt: SchedulerProcess, original, adder, req, *args, **kwargs):
+    """AROUND ``PrefillAdder.add_one_req``: a streaming session's turn is named for its charge while it is admitted
+    (``Admission.turn``: ``cap_new_reservation`` is not given the request). And with the radix cache off, upstream
+    admits an ``ignore_eos`` request
     through ``add_one_req_ignore_eos``, whose check has every request grow by its whole remaining length and never
     asks ``_get_running_request_total_token_offset``. Where eviction budgets do give memory back, such a request
     takes upstream's general path instead, the one it takes with the radix cache on: running requests reserve
@@ -127,13 +153,16 @@ def admit_ignore_eos_by_budget(vt: SchedulerProcess, original, adder, req, *args
     (their offsets), never that of the request being admitted."""
     sp = req.sampling_params
     rt = vt.runtime
-    if rt is None or not sp.ignore_eos or not rt.admission.capped:
+    if rt is None:
         return original(adder, req, *args, **kwargs)
-    sp.ignore_eos = False
+    rt.admission.turn = session_turn(req)
+    hide = sp.ignore_eos and rt.admission.capped
+    sp.ignore_eos = sp.ignore_eos and not hide
     try:
         return original(adder, req, *args, **kwargs)
     finally:
-        sp.ignore_eos = True
+        sp.ignore_eos = sp.ignore_eos or hide
+        rt.admission.turn = None
 
 
 def reclaim_before_retract(vt: SchedulerProcess, original, batch, *args, **kwargs):

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 
 from vtoken_sglang.core.pages import tail_room
+from vtoken_sglang.debug_switches import SWITCHES
+from vtoken_sglang.integration.observe import victim_log
 from vtoken_sglang.integration.observe.host_reads import host_array
 from vtoken_sglang.integration.process import SchedulerProcess
 
@@ -85,13 +87,16 @@ def release_request(vt: SchedulerProcess, original, req, tree_cache, *args, **kw
 def _kept_by_session(req, tree_cache) -> int | None:
     """The logical length upstream's streaming session commits for ``req`` when it keeps the request's record
     (a turn on its session's record that finishes or is retracted: ``StreamingSession.try_cache_finished_req``);
-    None when the record is released with the request (no session, or an aborted turn)."""
+    None when the record is released with the request (no session, or an aborted turn: the victim log's session is
+    reset)."""
     session = getattr(tree_cache, "session", None)
     if session is None or session.borrowed_slot(req) is None:
         return None
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     if isinstance(req.finished_reason, FINISH_ABORT):
+        if SWITCHES.victim_log:  # the session's next turn sees its whole conversation again
+            victim_log.record_reset(req.session.session_id)
         return None
     done = req.finished_len if req.finished_len is not None else len(req.output_ids)
     return len(req.origin_input_ids) + done

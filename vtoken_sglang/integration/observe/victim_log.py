@@ -40,13 +40,26 @@ def record(reqs: list, rows: torch.Tensor, next_positions: torch.Tensor, vr: tor
         f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
+def record_reset(session_id: str) -> None:
+    """A streaming session's record was dropped with its aborted turn (upstream's rule): its next turn prefills the
+    conversation again, every position live. One line ``{"session", "tp_rank", "reset": true}``."""
+    from sglang.srt.runtime_context import get_parallel
+
+    with open(SWITCHES.victim_log, "a") as f:
+        f.write(json.dumps({"session": session_id, "tp_rank": get_parallel().tp_rank, "reset": True}) + "\n")
+
+
 def read(path: str | os.PathLike, tp_rank: int = 0, by: str = "rid") -> dict[str, list[tuple[int, list[int]]]]:
     """rid (``by="session"``: session id, turns of no session left out) -> ``[(next_position, evicted), ...]`` in
-    round order, as ``tp_rank`` wrote them."""
+    round order, as ``tp_rank`` wrote them; a session's reset line drops its lines before it."""
     events: dict[str, list[tuple[int, list[int]]]] = {}
     with open(path) as f:
         for line in f:
             e = json.loads(line)
-            if e["tp_rank"] == tp_rank and by in e:
+            if e["tp_rank"] != tp_rank or by not in e:
+                continue
+            if e.get("reset"):
+                events[e[by]] = []
+            else:
                 events.setdefault(e[by], []).append((e["next_position"], e["evicted"]))
     return events

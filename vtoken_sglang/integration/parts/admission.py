@@ -19,13 +19,13 @@ of a full batch. Both checks also ask the room free now for a transient prefill 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from vtoken_sglang.config import VTokenConfig
 from vtoken_sglang.core.pages import pages_for
 from vtoken_sglang.integration.observe.host_reads import on_host
+from vtoken_sglang.integration.parts.request_lengths import RequestLengths
 from vtoken_sglang.policies import Policy, make_policy
 
 MIN_SLACK = 16
@@ -36,41 +36,6 @@ FIRST_ROUND_STEPS = 2
 """Steps from a request's admission to the round of its first eviction, which trims its prompt and tries its prefix
 copy (its prefill, then its first decode): meanwhile each running request adds a token per decode step, and may
 open a new page for it."""
-
-
-@dataclass(frozen=True)
-class RequestLengths:
-    """SGLang's requests' lengths as admission reads them, read in this one place: ``held`` (KV tokens the row holds
-    now: its live length, ``kv_committed_len``), ``logical`` (prompt + output so far), ``remaining`` (new tokens
-    still to come), ``protected`` (tokens in locked tree pages, ``cache_protected_len``), ``final`` (prompt +
-    ``max_new_tokens``), ``ignore_eos``. Arrays of one length, one entry per request."""
-
-    held: np.ndarray
-    logical: np.ndarray
-    remaining: np.ndarray
-    protected: np.ndarray
-    final: np.ndarray
-    ignore_eos: np.ndarray  # bool
-
-    @classmethod
-    def of(cls, reqs: Sequence) -> RequestLengths:
-        """The lengths of ``reqs`` (SGLang's ``Req``, running or admitted)."""
-        n = len(reqs)
-
-        def column(values, dtype=np.int64) -> np.ndarray:
-            return np.fromiter(values, dtype=dtype, count=n)
-
-        prompt = column(len(r.origin_input_ids) for r in reqs)
-        output = column(len(r.output_ids) for r in reqs)
-        max_new = column(r.sampling_params.max_new_tokens for r in reqs)
-        return cls(
-            held=column(r.kv.kv_committed_len for r in reqs),
-            logical=prompt + output,
-            remaining=max_new - output,
-            protected=column(r.kv.cache_protected_len for r in reqs),
-            final=prompt + max_new,
-            ignore_eos=column((r.sampling_params.ignore_eos for r in reqs), dtype=bool),
-        )
 
 
 def server_policy(cfg: VTokenConfig, page_size: int) -> Policy | None:
@@ -106,6 +71,8 @@ class Admission:
         self.refused_extend = 0  # the tokens its prefill takes
         self.refused_transient = False  # its prefill is trimmed by its first round (``trims_prompt``)
         self.reopened = 0  # times a round's freed room reopened a closed admission
+        # (held, protected) of the streaming session's turn being admitted (``hooks.admission.admit_by_budget``)
+        self.turn: tuple[int, int] | None = None
 
     @property
     def capped(self) -> bool:
@@ -167,6 +134,23 @@ class Admission:
         if extend is not None and self.trims_prompt(prompt_len, max_new_tokens, prompt_len - extend):
             return int(self.kept_at_end(np.array([prompt_len + max_new_tokens]))[0]) - extend
         return self.future_kv(prompt_len, prompt_len, max_new_tokens, self.prompt_in_tree_tokens(prompt_len))
+
+    def turn_kv(self, held: int, protected: int, prompt_len: int, max_new_tokens: int, extend: int) -> int:
+        """What a streaming session's turn (``prompt_len``: the conversation with its new tokens) is charged beyond
+        its prefill of ``extend`` new tokens. The session's record already holds ``held`` tokens (its live length),
+        ``protected`` of them in the tree pages of its first prompt (locked to its close, never copied): the turn may
+        add what its budget lets it keep at its end beyond the private tokens held, less its prefill, at most
+        ``max_new_tokens``. Negative when its first round trims (``turn_trims``: its prefill is transient)."""
+        if not self.capped:
+            return max_new_tokens
+        keep = self.kept_at_end_of(prompt_len + max_new_tokens)
+        return min(max_new_tokens, max(keep - max(held - protected, 0), 0) - extend)
+
+    def turn_trims(self, held: int, protected: int, prompt_len: int, max_new_tokens: int, extend: int) -> bool:
+        """Whether a streaming session's turn (``turn_kv``'s arguments) is trimmed by its first round: its private
+        tokens after its prefill exceed what it keeps at its end."""
+        keep = self.kept_at_end_of(prompt_len + max_new_tokens)
+        return self.capped and max(held - protected, 0) + extend > keep
 
     def evicts_in_prefill(self, prompt_len: int, matched: int = 0) -> bool:
         """Whether a prompt is evicted between its prefill chunks (``parts.prefill_eviction``): eviction between
