@@ -28,6 +28,7 @@ from masked_reference import load, masked_greedy_turns
 from vtoken_sglang.integration.observe import victim_log
 from vtoken_sglang.tools import launcher
 from vtoken_sglang.tools.chat_turns import conversations
+from vtoken_sglang.tools.session_client import Session
 
 pytestmark = pytest.mark.server
 
@@ -59,35 +60,6 @@ def vtoken_state(server) -> dict:
     return server.get("/get_server_info")["internal_states"][0]["vtoken"]
 
 
-class Session:
-    """One streaming session of a server: its turns' prompts and outputs, in order, and what each turn's reply
-    said."""
-
-    def __init__(self, server, name: str):
-        self.server, self.name = server, name
-        self.id = server.post("/open_session", {"capacity_of_str_len": 1 << 20, "streaming": True})
-        self.history: list[int] = []  # the conversation the session holds: finished turns' inputs and outputs
-        self.turns: list[tuple[list[int], list[int]]] = []  # (conversation up to the turn's answer, answer)
-        self.cached: list[int] = []  # per turn, SGLang's cached prefix
-
-    def turn(self, ids: list[int], new_tokens: int = NEW_TOKENS, rid: str | None = None) -> list[int]:
-        params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
-        body = {"input_ids": ids, "session_params": {"id": self.id}, "sampling_params": params}
-        if rid is not None:
-            body["rid"] = rid
-        out = self.server.post("/generate", body, timeout=900)
-        prompt = self.history + ids
-        if out["meta_info"]["finish_reason"]["type"] == "abort":
-            return []
-        self.turns.append((prompt, out["output_ids"]))
-        self.cached.append(out["meta_info"]["cached_tokens"])
-        self.history = prompt + out["output_ids"]
-        return out["output_ids"]
-
-    def close(self) -> None:
-        self.server.post("/close_session", {"session_id": self.id})
-
-
 @pytest.fixture(scope="module")
 def dialogues(smollm2) -> list[list[list[int]]]:
     """The 20-turn conversation, then the eight 4-turn ones."""
@@ -103,7 +75,7 @@ def long_conversation(server, turns: list[list[int]], past_context: list[int] | 
     s = Session(server, "long")
     states = []
     for ids in turns:
-        s.turn(ids)
+        s.turn(ids, NEW_TOKENS)
         states.append(vtoken_state(server))
     out = {"session": s, "states": states}
     if past_context is not None:
@@ -111,7 +83,7 @@ def long_conversation(server, turns: list[list[int]], past_context: list[int] | 
             out["refused"] = server.post("/generate", {"input_ids": past_context, "session_params": {"id": s.id}})
         except urllib.error.HTTPError as err:
             out["refused"] = err.read().decode()
-        s.turn(turns[1])
+        s.turn(turns[1], NEW_TOKENS)
         out["after_refusal"] = vtoken_state(server)
     s.close()
     out["closed"] = _idle(server)
@@ -127,9 +99,9 @@ def concurrent_sessions(server, dialogues: list[list[list[int]]]) -> dict:
         for k, ids in enumerate(dialogues[i]):
             if (i, k) == ABORTED:
                 threading.Timer(3.0, server.post, ("/abort_request", {"rid": f"abort-{i}"})).start()
-                sessions[i].turn(ids, new_tokens=400, rid=f"abort-{i}")
+                sessions[i].turn(ids, 400, rid=f"abort-{i}")
             else:
-                sessions[i].turn(ids)
+                sessions[i].turn(ids, NEW_TOKENS)
             if i == CLOSED and k == 1:
                 sessions[i].close()
                 return

@@ -21,10 +21,6 @@ BAD_CLI = [
     (["--enable-vtoken", "--enable-hierarchical-cache"], "--enable-hierarchical-cache: HiCache is not supported"),
     (["--enable-vtoken", "--enable-unified-memory"], "--enable-unified-memory: unified memory is not supported"),
     (
-        ["--enable-vtoken", "--enable-streaming-session"],
-        "--enable-streaming-session: streaming sessions (rows kept across requests) are not supported",
-    ),
-    (
         ["--enable-vtoken", "--disaggregation-mode", "decode"],
         "--disaggregation-mode decode: PD disaggregation is not supported",
     ),

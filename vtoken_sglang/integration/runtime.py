@@ -93,13 +93,15 @@ class VTokenRuntime:
         scorer: ScoreCollector | None = None,
         widest_window: int = 0,
         prefill_chunk: int = 0,
+        sessions: bool = False,
     ):
         """``tree``: SGLang's radix cache when it is on; ``producer``: the forward stream when it is not this
         thread's (overlap scheduler on CUDA: copies wait for the forward in flight); ``prompt_in_tree``: the radix
         cache takes each prompt's whole pages after prefill; ``pending_results``: the overlap scheduler's queued
         (batch, result) pairs; ``scorer``: the score collector the attention hook fills (score policies; built
         here when not given); ``widest_window``: the model's widest sliding window (0: none); ``prefill_chunk``:
-        SGLang's prefill chunk (``--chunked-prefill-size``)."""
+        SGLang's prefill chunk (``--chunked-prefill-size``); ``sessions``: streaming sessions are on (rows extended
+        across turns)."""
         self.cfg = cfg
         self.allocator = allocator
         self.page_size = allocator.page_size
@@ -117,10 +119,12 @@ class VTokenRuntime:
         self.stats = RuntimeStats()
         self.rows = RequestRows(self.table, self.pool)
         self.forward_layout: RowLayout | None = None  # the forward being run's (``hooks.forward.begin_forward``)
-        self.eviction = Eviction(self.table, self.rows, self.pool, self.policy, self.stats) if self.policy else None
-        self.prefill = None
-        if self.policy is not None and cfg.vtoken_prefill_eviction:
-            self.prefill = PrefillEviction(self.table, self.rows, self.pool, self.policy, self.stats, widest_window)
+        self.eviction = self.prefill = None
+        if self.policy is not None:
+            newest = max(self.policy.cfg.recent, widest_window) if sessions and widest_window else None
+            self.eviction = Eviction(self.table, self.rows, self.pool, self.policy, self.stats, newest)
+            if cfg.vtoken_prefill_eviction:
+                self.prefill = PrefillEviction(self.table, self.rows, self.pool, self.policy, self.stats, widest_window)
         self.kv_pool_bytes = kv_pool_bytes(kv_pool)
         worker = cfg.vtoken_planner == "worker" and cfg.vtoken_reclaim
         engine = make_copy_engine(

@@ -75,6 +75,7 @@ def runtime_over(scheduler, cfg: VTokenConfig, scorer: ScoreCollector | None, wi
         scorer=scorer,
         widest_window=widest_window,
         prefill_chunk=max(scheduler.chunked_prefill_size or 0, 0),
+        sessions=bool(getattr(scheduler.server_args, "enable_streaming_session", False)),
     )
 
 

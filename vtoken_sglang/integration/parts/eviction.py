@@ -30,12 +30,25 @@ NONE_DUE = np.empty(0, dtype=np.int64)
 
 
 class Eviction:
-    def __init__(self, table: TokenTable, rows: RequestRows, pool: SglangPagePool, policy: Policy, stats: RuntimeStats):
+    def __init__(
+        self,
+        table: TokenTable,
+        rows: RequestRows,
+        pool: SglangPagePool,
+        policy: Policy,
+        stats: RuntimeStats,
+        newest: int | None = None,
+    ):
+        """``newest``: the newest logical positions every round keeps (default: the policy's ``recent``). With
+        streaming sessions on a model with sliding layers, at least the widest window: a session's next turn
+        extends its row, and an extend's window on a sliding layer is taken by column, so the row's newest window
+        must be dense (as between prefill chunks)."""
         self.table = table
         self.rows = rows
         self.pool = pool
         self.policy = policy
         self.stats = stats
+        self.newest = newest
 
     def run(self, batch, layout: RowLayout | None, ending: Callable[[], Set[int]]) -> np.ndarray:
         """Evict from the requests of ``batch`` (its rows: ``layout``; None in a round that skips the check,
@@ -60,7 +73,7 @@ class Eviction:
             rows.mark_compacted(first)
         table = self.table
         due = torch.from_numpy(host_rows[at]).to(table.slots.device)
-        vr, vc = self.policy.select_victims(table, due)
+        vr, vc = self.policy.select_victims(table, due, newest=self.newest)
         if vr.numel():
             logical = table.logical_at(vr, vc)
             self.stats.fold("victims", table.row_key[vr], logical)
