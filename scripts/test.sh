@@ -15,7 +15,7 @@ bash "$root/scripts/setup.sh" || exit 1
 cd "$root"
 export HF_HUB_OFFLINE=1
 "$root/.venv/bin/ruff" check . && "$root/.venv/bin/ruff" format --check . || { echo "test.sh: ruff failed" >&2; exit 1; }
-"$root/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "${paths[@]}" "$@"
+"$root/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=40 "${paths[@]}" "$@"
 rc=$?
 if [[ $rc -eq 5 ]]; then
   echo "test.sh: pytest collected no tests; failing" >&2
