@@ -2,7 +2,8 @@
 float32, real SGLang on CPU, relocation with late fences and the integrity check on.
 
 A 20-turn conversation (user turns cut from ShareGPT, ``tools.chat_turns``) through the session API under
-streaming and h2o at a budget of 96, well under the conversation's ~1K tokens: every turn's tokens equal
+streaming and h2o at a budget of 96, well under the conversation's ~1K tokens (on streaming's server, longer than
+the pool of 512: bounded by the context at the door, not by the pool): every turn's tokens equal
 transformers fed the whole conversation so far with the positions the victim log names hidden from later queries;
 each turn prefills only its own tokens (the session's logical length is its cached prefix); the session holds its
 budget + slack at every turn's end and at most that + a turn in a prefill; the idle checks (vToken's and SGLang's
@@ -33,12 +34,13 @@ from vtoken_sglang.tools.session_client import Session
 pytestmark = pytest.mark.server
 
 BUDGET, SINKS, RECENT, SLACK, POOL, CONTEXT = 96, 4, 16, 16, 2048, 2048
+LONG_POOL = 512  # the 20-turn conversation's server: a pool smaller than the conversation
 TURNS, TURN_TOKENS, NEW_TOKENS = 20, 40, 8
 SESSIONS, SESSION_TURNS, ABORTED, CLOSED = 8, 4, (3, 2), 5  # (session, turn) aborted; session closed after turn 2
 
 
-def flags(policy: str, reclaim: bool = True) -> list[str]:
-    return launcher.default_server_args(POOL) + [
+def flags(policy: str, reclaim: bool = True, pool: int = POOL) -> list[str]:
+    return launcher.default_server_args(pool) + [
         "--enable-vtoken",
         "--vtoken-policy",
         policy,
@@ -131,9 +133,15 @@ def runs(smollm2, dialogues, tmp_path_factory):
     logs = tmp_path_factory.mktemp("victims")
     servers = {
         name: launcher.SglangServer(
-            smollm2, flags(policy, reclaim), env={**STRICT, "VTOKEN_SGLANG_VICTIM_LOG": str(logs / f"{name}.jsonl")}
+            smollm2,
+            flags(policy, reclaim, pool),
+            env={**STRICT, "VTOKEN_SGLANG_VICTIM_LOG": str(logs / f"{name}.jsonl")},
         )
-        for name, policy, reclaim in (("streaming", "streaming", True), ("h2o", "h2o", True), ("naive", "h2o", False))
+        for name, policy, reclaim, pool in (
+            ("streaming", "streaming", True, LONG_POOL),
+            ("h2o", "h2o", True, POOL),
+            ("naive", "h2o", False, POOL),
+        )
     }
     long_turns, short = dialogues[0], dialogues[1:]
 
@@ -179,6 +187,8 @@ def test_a_20_turn_conversation_equals_transformers_masked_and_holds_its_budget(
     events = r["events"][s.id]
     assert sum(len(e) for _, e in events) > 500  # most of the conversation was evicted
     assert len(s.history) > 6 * BUDGET
+    if policy == "streaming":  # a conversation longer than its server's pool: SGLang's door would refuse it
+        assert len(s.history) > LONG_POOL
     assert_equal_reference(reference, s, events)
     # each turn prefilled only its own tokens: its cached prefix is the session's logical length (its last answer's
     # last token had no KV yet)

@@ -27,6 +27,8 @@ class SchedulerProcess:
         self.scorer: ScoreCollector | None = None
         self.runtime: VTokenRuntime | None = None
         self.widest_window = 0  # the model's widest sliding window (0: none), seen as SGLang builds its layers
+        self.sessions = None  # SGLang's ``StreamingSession`` records (``--enable-streaming-session``), else None
+        self.turn_at_door = None  # the KV record of the streaming turn whose new tokens SGLang is bounding
 
 
 PROCESS = SchedulerProcess()

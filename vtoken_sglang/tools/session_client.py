@@ -8,13 +8,14 @@ import time
 
 
 class Session:
-    def __init__(self, server, name: str = "", timeout: float | None = None):
-        """``server``: a ``launcher.SglangServer`` (its ``post``); ``timeout``: the session's idle timeout (s)."""
-        self.server, self.name = server, name
+    def __init__(self, server, name: str = "", timeout: float | None = None, streaming: bool = True):
+        """``server``: a ``launcher.SglangServer`` (its ``post``); ``timeout``: the session's idle timeout (s).
+        ``streaming=False``: no session, plain multi-turn chat (each turn sends the whole conversation)."""
+        self.server, self.name, self.streaming = server, name, streaming
         body = {"capacity_of_str_len": 1 << 20, "streaming": True}
         if timeout is not None:
             body["timeout"] = timeout
-        self.id = server.post("/open_session", body)
+        self.id = server.post("/open_session", body) if streaming else None
         self.history: list[int] = []  # the conversation the session holds: finished turns' inputs and outputs
         self.turns: list[tuple[list[int], list[int]]] = []  # per finished turn: (conversation before it, answer)
         self.meta: list[dict] = []  # per finished turn: SGLang's ``meta_info`` (``cached_tokens``, ``e2e_latency``)
@@ -23,7 +24,10 @@ class Session:
     def turn(self, ids: list[int], new_tokens: int, rid: str | None = None, **sampling) -> list[int] | None:
         """One greedy turn appending ``ids`` (``ignore_eos``); its answer, or None if it was aborted."""
         params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
-        body = {"input_ids": ids, "session_params": {"id": self.id}, "sampling_params": params}
+        if self.streaming:
+            body = {"input_ids": ids, "session_params": {"id": self.id}, "sampling_params": params}
+        else:
+            body = {"input_ids": self.history + ids, "sampling_params": params}
         if rid is not None:
             body["rid"] = rid
         start = time.perf_counter()
@@ -43,4 +47,5 @@ class Session:
         return [m["cached_tokens"] for m in self.meta]
 
     def close(self) -> None:
-        self.server.post("/close_session", {"session_id": self.id})
+        if self.streaming:
+            self.server.post("/close_session", {"session_id": self.id})

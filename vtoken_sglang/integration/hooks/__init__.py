@@ -7,7 +7,7 @@ fingerprinted, in ``patches/manifest.json`` (a test holds the two to each other)
 ``HOOKS``: the whole table of scheduler-side hooks, target -> (hook type, function); ``SCORING_HOOKS``: the ones
 registered only with a score-based policy (a Python call per attention layer per step is not free);
 ``PREFILL_SCORING_HOOKS``: only with a policy scored at prefill; ``PREFILL_EVICTION_HOOKS``: only with
-``--vtoken-prefill-eviction`` (the bounds of a prompt at the door and of its chunks).
+``--vtoken-prefill-eviction`` (the bound of its continuation chunks).
 """
 
 from __future__ import annotations
@@ -67,15 +67,18 @@ HOOKS = {
         sessions.count_parked_pages,
     ),
     f"{_SCHED}.flush_cache": ("AROUND", sessions.drop_parked_on_flush),
-}
-PREFILL_EVICTION_HOOKS = {
-    f"{_ADDER}.add_chunked_req": ("AROUND", admission.cap_chunk_by_room),
+    f"{_SCHED}.init_req_max_new_tokens": ("AROUND", sessions.bound_turn_at_door),
+    # the door: bounds by the context where a prompt or a turn holds less than its length (prefill eviction,
+    # streaming sessions); upstream's otherwise
     "sglang.srt.managers.tp_worker.TpModelWorker.get_worker_info": ("AFTER", admission.context_bounds_prompts),
     "sglang.srt.managers.utils.validate_input_length": ("AROUND", admission.refuse_prompt_over_pool),
     "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.max_new_tokens_for_memory": (
         "AROUND",
         admission.keep_new_tokens_by_budget,
     ),
+}
+PREFILL_EVICTION_HOOKS = {
+    f"{_ADDER}.add_chunked_req": ("AROUND", admission.cap_chunk_by_room),
 }
 SCORING_HOOKS = {
     "sglang.srt.layers.radix_attention.RadixAttention.forward": ("AFTER", forward.keep_scored_query),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vtoken_sglang.integration.hooks import sessions
 from vtoken_sglang.integration.parts.request_lengths import RequestLengths
 from vtoken_sglang.integration.process import SchedulerProcess
 
@@ -178,10 +179,12 @@ def leave_scored_window_to_extend(vt: SchedulerProcess, original, req, input_len
     """AROUND ``Req._compute_max_prefix_len`` (policies scored at prefill): a prompt is scored by the attention of
     its last ``--vtoken-window`` queries, which only its own prefill computes (a cached prefix has no queries). The
     radix cache's match leaves at least those tokens to extend, so a request scores the same window whether it ran
-    alone or another request had cached the rest of its prompt."""
+    alone or another request had cached the rest of its prompt. Not a streaming session's turn: its session's row
+    holds the conversation compacted, which cannot be prefilled again; the turn is scored by its own queries."""
     limit = original(req, input_len)
     scorer = vt.scorer
-    if scorer is None or scorer.prefill_window <= 0:
+    session = getattr(req, "session", None)
+    if scorer is None or scorer.prefill_window <= 0 or (session is not None and session.streaming):
         return limit
     return max(min(limit, input_len - scorer.prefill_window), 0)
 
@@ -208,10 +211,16 @@ def cap_chunk_by_room(vt: SchedulerProcess, original, adder, req):
 
 
 def context_bounds_prompts(vt: SchedulerProcess, result, worker, *args, **kwargs):
-    """AFTER ``TpModelWorker.get_worker_info`` (``--vtoken-prefill-eviction`` only): upstream bounds a prompt (and
-    a request's length) by the KV pool as well as by the context; a prompt evicted between its prefill chunks
-    holds only its budget and a chunk, so the scheduler's bounds become the context's, and the pool bound is
-    vToken's check of what each prompt will hold (``refuse_prompt_over_pool``)."""
+    """AFTER ``TpModelWorker.get_worker_info`` (``--vtoken-prefill-eviction`` or streaming sessions): upstream
+    bounds a prompt (and a request's length) by the KV pool as well as by the context; a prompt evicted between its
+    prefill chunks holds only its budget and a chunk, a session's turn its session's budget and its new tokens, so
+    the scheduler's bounds become the context's, and the pool bound is vToken's check of what each prompt will hold
+    (``refuse_prompt_over_pool``)."""
+    from vtoken_sglang.integration.startup import options
+
+    server_args = worker.server_args
+    if not (options.current_config(server_args).vtoken_prefill_eviction or server_args.enable_streaming_session):
+        return result
     info = list(result)
     info[4] = worker.model_config.context_len - 1  # max_req_len
     info[5] = info[4] - (result[4] - result[5])  # max_req_input_len, upstream's margin below it
@@ -219,16 +228,20 @@ def context_bounds_prompts(vt: SchedulerProcess, result, worker, *args, **kwargs
 
 
 def refuse_prompt_over_pool(vt: SchedulerProcess, original, req, max_req_input_len, *args, **kwargs):
-    """AROUND ``managers.utils.validate_input_length`` (``--vtoken-prefill-eviction`` only): a prompt longer than
-    the KV pool (upstream's bound, ``context_bounds_prompts``) is served when it is evicted between its prefill
-    chunks and what it holds at its peak (its prompt's budget and a chunk, or at its end) fits the pool; otherwise
-    upstream's check with upstream's bound. One error line names the bound it fails."""
+    """AROUND ``managers.utils.validate_input_length``: a prompt longer than the KV pool (upstream's bound, lifted
+    by ``context_bounds_prompts``) is served when it is evicted between its prefill chunks and what it holds at its
+    peak (its prompt's budget and a chunk, or at its end) fits the pool, and a streaming session's turn when what
+    it holds does (``sessions.refuse_turn_over_pool``); otherwise upstream's check with upstream's bound. One error
+    line names the bound it fails."""
     from vtoken_sglang.integration.parts.prefill_eviction import plain_text
 
     rt = vt.runtime
-    if rt is None or rt.prefill is None:
+    if rt is None or (rt.prefill is None and vt.sessions is None):  # the bounds are upstream's
         return original(req, max_req_input_len, *args, **kwargs)
     n = len(req.origin_input_ids)
+    kv = sessions.turn_record(vt, req)
+    if kv is not None and n < max_req_input_len:
+        return sessions.refuse_turn_over_pool(rt, req, kv)
     pool = rt.pool.num_pages * rt.page_size
     pool_bound = min(max_req_input_len, pool - 6)  # upstream's (``get_worker_info``)
     adm = rt.admission
@@ -246,13 +259,13 @@ def refuse_prompt_over_pool(vt: SchedulerProcess, original, req, max_req_input_l
 
 
 def keep_new_tokens_by_budget(vt: SchedulerProcess, original, allocator, input_tokens, max_new_tokens, *a, **kw):
-    """AROUND ``BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`` (``--vtoken-prefill-eviction`` only):
-    upstream clips a request's new tokens to what an empty pool holds after its whole prompt (none for a prompt
-    longer than the pool); a prompt evicted between its chunks holds only its budget, which the door checks
-    (``refuse_prompt_over_pool``): its new tokens are not clipped by the pool."""
+    """AROUND ``BaseTokenToKVPoolAllocator.max_new_tokens_for_memory``: upstream clips a request's new tokens to what
+    an empty pool holds after its whole prompt (none for a prompt longer than the pool); a prompt evicted between
+    its chunks holds only its budget, and a streaming session's turn (``vt.turn_at_door``) its session's, which the
+    door checks (``refuse_prompt_over_pool``): their new tokens are not clipped by the pool."""
     rt = vt.runtime
-    if rt is None or rt.prefill is None or allocator is not rt.allocator:
+    if rt is None or allocator is not rt.allocator:
         return original(allocator, input_tokens, max_new_tokens, *a, **kw)
-    if not rt.admission.evicts_in_prefill(input_tokens):
+    if vt.turn_at_door is None and not rt.admission.evicts_in_prefill(input_tokens):
         return original(allocator, input_tokens, max_new_tokens, *a, **kw)
     return max_new_tokens

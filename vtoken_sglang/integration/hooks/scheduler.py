@@ -36,6 +36,8 @@ def build_runtime(vt: SchedulerProcess, original, scheduler, server_args, *args,
     cfg = options.current_config(scheduler.server_args)
     rt = runtime_over(scheduler, cfg, scorer, vt.widest_window)
     vt.runtime = rt
+    if scheduler.server_args.enable_streaming_session:
+        vt.sessions = scheduler.tree_cache.session
     logger.info("[vtoken] scheduler tp_rank=%d: %s", get_parallel().tp_rank, cfg.summary())
     logger.info(
         "[vtoken] device memory: %.3f MB of metadata beside a KV pool of %.3f GB (%.3f%%)",

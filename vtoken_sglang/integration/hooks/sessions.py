@@ -6,6 +6,9 @@ SGLang; ``hooks.allocation.extend_over_live_rows`` gives the batch the live one)
 budget, not its history, and each turn prefills only its own tokens. Rows that are not managed take upstream's
 path throughout.
 
+At the door a turn is bounded by the model's context, not by the pool (``refuse_turn_over_pool``): what it holds is
+its session's live record, its new tokens and, at its end, what its budget keeps.
+
 A turn that is aborted hands the record back to its request, which is released like any request (upstream's
 rule: the session's next turn prefills its last finished history again, from the tree prefix it matches). Closing a
 session (or its timeout) releases exactly the row's pages."""
@@ -99,3 +102,44 @@ class _Record:
 
     def __init__(self, kv):
         self.kv = kv
+
+
+def turn_record(vt: SchedulerProcess, req):
+    """The KV record a streaming session will lend ``req`` (a turn after its session's first, not aborted), or
+    None."""
+    sessions = vt.sessions
+    if sessions is None or not sessions.will_lend_record(req):
+        return None
+    return sessions.slots[req.session.session_id].kv
+
+
+def bound_turn_at_door(vt: SchedulerProcess, original, scheduler, req, *args, **kwargs):
+    """AROUND ``Scheduler.init_req_max_new_tokens``: a streaming turn's new tokens are bounded by the context
+    (upstream's clip) and not by what an empty pool holds after the whole conversation
+    (``hooks.admission.keep_new_tokens_by_budget`` reads ``vt.turn_at_door``): the door checks what it holds."""
+    vt.turn_at_door = turn_record(vt, req) if vt.runtime is not None else None
+    try:
+        return original(scheduler, req, *args, **kwargs)
+    finally:
+        vt.turn_at_door = None
+
+
+def refuse_turn_over_pool(rt, req, kv) -> str | None:
+    """A streaming turn of ``len(req.origin_input_ids)`` tokens (the conversation) on its session's record ``kv``:
+    served when what it holds at its peak, its record's live tokens and its new ones, or at its end, what its budget
+    keeps (the whole conversation without a capped budget), and a page, fits the pool; else one error line."""
+    n = len(req.origin_input_ids)
+    live = kv.kv_committed_len
+    row = kv.req_pool_idx
+    logical = int(rt.table.logical_len[row]) if rt.rows.is_managed(row) else live
+    final = n + max(req.sampling_params.max_new_tokens or 0, 0)
+    need = max(live + n - logical, rt.admission.kept_at_end_of(final)) + rt.page_size
+    pool = rt.pool.num_pages * rt.page_size
+    if need <= pool:
+        return None
+    return (
+        f"Session {req.session.session_id}: this turn takes the conversation to {n} tokens and would hold {need} "
+        f"tokens of KV (the session's {live}, the turn's {n - logical}, or what its budget keeps at its end, and a "
+        f"page), more than the KV pool's {pool}: lower --vtoken-budget or raise --max-total-tokens; the session "
+        "keeps its last finished turn."
+    )
