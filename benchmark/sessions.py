@@ -13,12 +13,14 @@ has been answered (the conversations advance in step). Runs, on a pool of ``--po
 - ``plain_chat``: plain SGLang, no sessions: each turn sends the conversation so far (the radix cache holds the
   histories and matches them);
 - ``vtoken_session``: vToken (``--policy`` at ``--budget`` tokens, sinks ``SINKS``, recent ``RECENT``), one session
-  per conversation: each session's row parked between turns at its budget.
+  per conversation: each session's row parked between turns at its budget;
+- ``vtoken_chat`` (not run by default): vToken without sessions, the history re-sent: a turn that evicted is not
+  in the radix tree, so the next prefills its history again.
 
 Per turn k (the mean over the conversations): time to first token (SGLang's ``first_token_latency``), tokens
 prefilled (prompt less cached), and the pool's tokens in use once every turn k is answered, per conversation (from
 ``/metrics``; plain chat's are the radix cache's, evictable). ``--fit-pool``: from those, how many conversations a
-pool of that many tokens holds at turn k (its tokens over the tokens per conversation; plain chat's histories are a
+pool of that many tokens holds at turn k (its tokens over the tokens per conversation; a chat's histories are a
 cache and are re-prefilled when evicted, so it has no such bound).
 """
 
@@ -41,15 +43,15 @@ from vtoken_sglang.tools.launcher import SglangServer, default_server_args  # no
 from vtoken_sglang.tools.session_client import Session  # noqa: E402
 
 SINKS, RECENT = 4, 32
-RUNS = ("plain_session", "plain_chat", "vtoken_session")
+RUNS = ("plain_session", "plain_chat", "vtoken_session", "vtoken_chat")
 USED = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
 def flags(run: str, args) -> list[str]:
     out = default_server_args(args.pool) + ["--enable-metrics", "--decode-log-interval", "1"]
-    if run != "plain_chat":
+    if run.endswith("session"):
         out.append("--enable-streaming-session")
-    if run == "vtoken_session":
+    if run.startswith("vtoken"):
         out += ["--enable-vtoken", "--vtoken-policy", args.policy, "--vtoken-budget", str(args.budget)]
         out += ["--vtoken-sinks", str(SINKS), "--vtoken-recent", str(RECENT)]
     return out
@@ -64,7 +66,7 @@ def used_tokens(server: SglangServer) -> float:
 def run_load(run: str, model: str, dialogues: list[list[list[int]]], args) -> dict:
     """One run: every conversation's turns, in step; per turn the means and the pool's use."""
     with SglangServer(model, flags(run, args)) as server:
-        chats = [Session(server, f"c{i}", streaming=run != "plain_chat") for i in range(len(dialogues))]
+        chats = [Session(server, f"c{i}", streaming=run.endswith("session")) for i in range(len(dialogues))]
         per_turn = []
         t0 = time.monotonic()
         for k in range(args.turns):
@@ -93,7 +95,7 @@ def run_load(run: str, model: str, dialogues: list[list[list[int]]], args) -> di
 def table(runs: list[dict], fit_pool: int, every: int) -> str:
     lines = [
         "| turn | conversation | " + " | ".join(f"{r['run']}: TTFT ms / prefilled / KV" for r in runs) + " | fit "
-        f"{fit_pool}: " + " / ".join(r["run"] for r in runs if r["run"] != "plain_chat") + " |",
+        f"{fit_pool}: " + " / ".join(r["run"] for r in runs if r["run"].endswith("session")) + " |",
         "|---" * (3 + len(runs)) + "|",
     ]
     n = len(runs[0]["per_turn"])
@@ -105,7 +107,7 @@ def table(runs: list[dict], fit_pool: int, every: int) -> str:
         fits = [
             str(int(fit_pool // max(r["per_turn"][k]["used_per_conversation"], 1)))
             for r in runs
-            if r["run"] != "plain_chat"
+            if r["run"].endswith("session")
         ]
         conv = runs[0]["per_turn"][k]["conversation_tokens"]
         lines.append(f"| {k + 1} | {conv:.0f} | " + " | ".join(cells) + " | " + " / ".join(fits) + " |")
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=128)
     ap.add_argument("--pool", type=int, default=16384)
     ap.add_argument("--fit-pool", type=int, default=4096)
-    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    ap.add_argument("--runs", nargs="+", default=list(RUNS[:3]), choices=RUNS)
     ap.add_argument("--every", type=int, default=5, help="table rows: turn 1 and every N-th")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
