@@ -1,6 +1,6 @@
 """Eviction between prefill chunks (``--vtoken-prefill-eviction``) on the real SmolLM2-135M-Instruct (context 8K),
-float32, real SGLang on CPU: a pass-key prompt of about 4.7K tokens, three times a KV pool of 1.5K tokens, in chunks
-of 512 at a budget of 768, under streaming, h2o and snapkv (and one of about 1.5K under streaming), with relocation and late fences on
+float32, real SGLang on CPU: a pass-key prompt of about 6K tokens, three times a KV pool of 2K tokens, and one of
+about 1.5K, in chunks of 512 at a budget of 1K, under streaming, h2o and snapkv, with relocation and late fences on
 (the suite's default) and the integrity check.
 
 Every request must be served; the most KV a request held in a chunk's forward (the server's ``peak_extend_kv``)
@@ -8,7 +8,7 @@ stays within budget + slack + chunk; each request's tokens equal transformers fe
 the victim log says each chunk's round evicted hidden from every later query (``masked_reference``: a chunk round's
 event hides its victims from the next chunk's queries on). A prompt beyond the model's context still gets
 upstream's one error line, and the server goes on serving. The real Gemma-3-270M (15 sliding layers, window 512):
-a prompt of 6.6K tokens on a pool of 2K equals the reference masked by the victims and by the window at logical
+a prompt of 10K tokens on a pool of 3K equals the reference masked by the victims and by the window at logical
 positions, every chunk's round having kept the newest window."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from vtoken_sglang.tools.text_tasks import passkey_prompt
 
 pytestmark = pytest.mark.server
 
-SINKS, RECENT, BUDGET, SLACK, CHUNK, POOL = 4, 64, 768, 16, 512, 1536
-LENGTHS = (4700, 1500)  # the second only on streaming's server (its answer must change: the mask is seen)
-GEMMA_LENGTH, GEMMA_POOL, GEMMA_BUDGET = 6600, 2048, 1024  # window 512: each round keeps its newest 512
+SINKS, RECENT, BUDGET, SLACK, CHUNK, POOL = 4, 64, 1024, 16, 512, 2048
+LENGTHS = (6000, 1500)
+GEMMA_LENGTH, GEMMA_POOL, GEMMA_BUDGET = 10_000, 3072, 1024  # window 512: each round keeps its newest 512
 NEW_TOKENS = 8
 POLICIES = {
     "streaming": [],
@@ -81,9 +81,9 @@ def runs(smollm2, gemma3, prompts, tmp_path_factory):
     def load_one(name, server):
         if name == "gemma3":
             return greedy_with_victims(server, name, gemma3_prompts, NEW_TOKENS, logs / "gemma3.jsonl")
-        if name != "streaming":
-            return greedy_with_victims(server, name, prompts[:1], NEW_TOKENS, logs / f"{name}.jsonl")
         out = greedy_with_victims(server, name, prompts, NEW_TOKENS, logs / f"{name}.jsonl")
+        if name != "streaming":
+            return out
         params = {"max_new_tokens": 4, "temperature": 0}
         try:
             out["too_long"] = server.post("/generate", {"input_ids": prompts[0] * 2, "sampling_params": params})
@@ -135,7 +135,7 @@ def test_a_prompt_beyond_the_context_gets_one_error_line_and_the_server_goes_on(
 
 def gemma3_server(gemma3: str, log) -> tuple[launcher.SglangServer, list[list[int]]]:
     """The real Gemma-3-270M (15 of 18 layers in a 512-token window, context 32K) evicting between chunks, and its
-    load: one pass-key prompt of 6.6K tokens on a pool of 2K, streaming at 1K, chunks of 512."""
+    load: one pass-key prompt of 10K tokens on a pool of 3K, streaming at 1K, chunks of 512."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gemma3)
