@@ -11,7 +11,8 @@ strict leak check, parked rows counted) hold with the session open, and closing 
 
 Eight concurrent sessions of four turns on h2o, vToken and Naive-Evict: one turn aborted mid-decode (upstream's
 rule: the session's next turn prefills its last finished history again; the victim log's reset line), one session
-closed after its second turn; the others' tokens equal Naive-Evict's and the reference, nothing leaked.
+closed after its second turn; then a session that times out after two turns (its next turn refused); the others'
+tokens equal Naive-Evict's and the reference, nothing leaked.
 
 A turn that takes its session past the context gets one error line; the session's next turn still equals the
 reference."""
@@ -37,6 +38,7 @@ BUDGET, SINKS, RECENT, SLACK, POOL, CONTEXT = 96, 4, 16, 16, 2048, 2048
 LONG_POOL = 512  # the 20-turn conversation's server: a pool smaller than the conversation
 TURNS, TURN_TOKENS, NEW_TOKENS = 20, 40, 8
 SESSIONS, SESSION_TURNS, ABORTED, CLOSED = 8, 4, (3, 2), 5  # (session, turn) aborted; session closed after turn 2
+TIMEOUT_S = 3  # a ninth session's idle timeout
 
 
 def flags(policy: str, reclaim: bool = True, pool: int = POOL) -> list[str]:
@@ -113,10 +115,19 @@ def concurrent_sessions(server, dialogues: list[list[list[int]]]) -> dict:
         t.start()
     for t in threads:
         t.join()
+    # a session that times out (``timeout``: idle seconds) after two turns: released, its next turn refused
+    timed = Session(server, "timed", timeout=TIMEOUT_S)
+    for ids in dialogues[0][:2]:
+        timed.turn(ids, NEW_TOKENS)
+    time.sleep(TIMEOUT_S + 3)
+    try:
+        after_timeout = timed.turn(dialogues[0][2], NEW_TOKENS)
+    except urllib.error.HTTPError as err:
+        after_timeout = err.code
     for i, s in enumerate(sessions):
         if i != CLOSED:
             s.close()
-    return {"sessions": sessions, "closed": _idle(server)}
+    return {"sessions": sessions, "timed": timed, "after_timeout": after_timeout, "closed": _idle(server)}
 
 
 def _idle(server, timeout: float = 30) -> dict:
@@ -220,6 +231,11 @@ def test_concurrent_sessions_with_an_abort_and_an_early_close_equal_naive_evict_
         assert [o for _, o in a.turns] == [o for _, o in b.turns], f"session {i}"
         assert len(a.turns) == (2 if i == CLOSED else SESSION_TURNS - (i == ABORTED[0]))
         assert_equal_reference(reference, a, vt["events"].get(a.id, []))
+    # the session that timed out: its two turns equal Naive-Evict's and the reference, its third refused
+    timed = vt["concurrent"]["timed"]
+    assert len(timed.turns) == 2 and vt["concurrent"]["after_timeout"] in (None, 400)  # aborted, or 400 at once
+    assert [o for _, o in timed.turns] == [o for _, o in naive["concurrent"]["timed"].turns]
+    assert_equal_reference(reference, timed, vt["events"].get(timed.id, []))
     # the turn after the abort prefilled the whole finished history again (upstream's rule)
     aborted = got[ABORTED[0]]
     before = aborted.turns[ABORTED[1] - 1]
