@@ -239,7 +239,7 @@ def refuse_prompt_over_pool(vt: SchedulerProcess, original, req, max_req_input_l
     if rt is None or (rt.prefill is None and vt.sessions is None):  # the bounds are upstream's
         return original(req, max_req_input_len, *args, **kwargs)
     n = len(req.origin_input_ids)
-    kv = sessions.turn_record(vt, req)
+    kv = sessions.lent_record(vt.sessions, req)
     if kv is not None and n < max_req_input_len:
         return sessions.refuse_turn_over_pool(rt, req, kv)
     pool = rt.pool.num_pages * rt.page_size

@@ -20,14 +20,6 @@ import numpy as np
 from vtoken_sglang.integration.process import SchedulerProcess
 
 
-def _lent_managed_row(rt, session, req) -> int | None:
-    """The managed row ``session`` is about to lend ``req`` (a streaming turn, not aborted), if any."""
-    if rt is None or rt.rows.n_managed == 0 or not session.will_lend_record(req):
-        return None
-    row = session.slots[req.session.session_id].kv.req_pool_idx
-    return row if rt.rows.is_managed(row) else None
-
-
 def lend_parked_row(vt: SchedulerProcess, original, session, params):
     """AROUND ``StreamingSession.try_match_prefix``: a turn borrowing a parked (managed) row matches the session's
     logical length ``L0`` (``RequestRows.unpark``; KV past the turn's key dropped first), not the record's live
@@ -36,10 +28,9 @@ def lend_parked_row(vt: SchedulerProcess, original, session, params):
     and its row live, as a prompt between prefill chunks."""
     rt = vt.runtime
     req = params.req
-    row = _lent_managed_row(rt, session, req)
-    if row is None:
+    kv = lent_record(session, req) if rt is not None and rt.rows.n_managed else None
+    if kv is None or not rt.rows.is_managed(kv.req_pool_idx):
         return original(session, params)
-    kv = session.slots[req.session.session_id].kv
     logical = rt.rows.unpark(_Record(kv), len(params.key))
     live = kv.kv_committed_len
     kv.kv_committed_len = kv.kv_allocated_len = logical
@@ -104,10 +95,9 @@ class _Record:
         self.kv = kv
 
 
-def turn_record(vt: SchedulerProcess, req):
-    """The KV record a streaming session will lend ``req`` (a turn after its session's first, not aborted), or
-    None."""
-    sessions = vt.sessions
+def lent_record(sessions, req):
+    """The KV record SGLang's ``StreamingSession`` records ``sessions`` will lend ``req`` (a turn after its
+    session's first, not aborted), or None (also with sessions off: ``sessions`` None)."""
     if sessions is None or not sessions.will_lend_record(req):
         return None
     return sessions.slots[req.session.session_id].kv
@@ -117,7 +107,7 @@ def bound_turn_at_door(vt: SchedulerProcess, original, scheduler, req, *args, **
     """AROUND ``Scheduler.init_req_max_new_tokens``: a streaming turn's new tokens are bounded by the context
     (upstream's clip) and not by what an empty pool holds after the whole conversation
     (``hooks.admission.keep_new_tokens_by_budget`` reads ``vt.turn_at_door``): the door checks what it holds."""
-    vt.turn_at_door = turn_record(vt, req) if vt.runtime is not None else None
+    vt.turn_at_door = lent_record(vt.sessions, req) if vt.runtime is not None else None
     try:
         return original(scheduler, req, *args, **kwargs)
     finally:
